@@ -1,0 +1,494 @@
+"""One behaviour contract for every cold store, then store-specific checks.
+
+The S3 store runs against a real moto server subprocess (started once per
+session, only if an S3 test is selected); each test gets its own bucket.
+"""
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+
+from tests.moto_server import free_port, make_bucket, moto_server
+from tierfs.cold import ObjectStore, open_store, parse_cold_url
+from tierfs.cold.faulty import FaultyStore
+from tierfs.cold.file import TMP_SUFFIX, FileStore
+from tierfs.cold.memory import MemoryStore
+from tierfs.errors import ColdConfigError, ColdStoreError, ObjectNotFound, UserError
+
+MiB = 1024 * 1024
+KEY = "data/000000000000002a"
+
+
+# -- fixtures ------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint():
+    with moto_server() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def aws_env(monkeypatch, tmp_path):
+    """Test credentials only: nothing from the machine's AWS config leaks in."""
+    for var in list(os.environ):
+        if var.startswith("AWS_"):
+            monkeypatch.delenv(var)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+
+
+@pytest.fixture
+def bucket(moto_endpoint, aws_env):
+    name = f"tierfs-{uuid.uuid4().hex[:16]}"
+    make_bucket(moto_endpoint, name)
+    return name
+
+
+@pytest.fixture(params=["memory", "file", "faulty", "s3"])
+def make_store(request, tmp_path):
+    """Return make(namespace) -> store; namespaces share a backend where it has one."""
+    kind = request.param
+    if kind == "memory":
+        stores: dict[str, MemoryStore] = {}
+        return lambda ns="main": stores.setdefault(ns, MemoryStore())
+    if kind == "file":
+        (tmp_path / "cold").mkdir()  # check() creates the store dir only when its parent exists
+        return lambda ns="main": FileStore(str(tmp_path / "cold" / ns))
+    if kind == "faulty":
+        return lambda ns="main": FaultyStore(MemoryStore(), seed=1)
+    endpoint = request.getfixturevalue("moto_endpoint")
+    name = request.getfixturevalue("bucket")
+    # Nested prefixes in one bucket; "main" and "main2" share a string prefix on purpose.
+    from tierfs.cold.s3 import S3Store
+
+    return lambda ns="main": S3Store(name, f"pre/{ns}", endpoint=endpoint)
+
+
+@pytest.fixture
+def store(make_store):
+    return make_store()
+
+
+def payload(n: int, seed: int = 0) -> bytes:
+    return random.Random(seed).randbytes(n)
+
+
+# -- conformance -----------------------------------------------------------
+
+
+def test_is_object_store(store):
+    assert isinstance(store, ObjectStore)
+    assert store.describe()
+
+
+@pytest.mark.parametrize("n", [0, 1, 4096, 9 * MiB])
+def test_round_trip(store, n):
+    data = payload(n, seed=n)
+    store.put(KEY, data)
+    assert store.get(KEY) == data
+    assert store.size(KEY) == n
+
+
+def test_ranged_get(store):
+    data = payload(1024)
+    store.put(KEY, data)
+    assert store.get(KEY, 100, 50) == data[100:150]  # middle
+    assert store.get(KEY, 1000) == data[1000:]  # to end
+    assert store.get(KEY, 1023, 1) == data[1023:]  # last byte
+    assert store.get(KEY, 1000, 100) == data[1000:]  # runs past end
+    assert store.get(KEY, 1024) == b""  # starts at end
+    assert store.get(KEY, 5000, 10) == b""  # starts beyond end
+    assert store.get(KEY, 10, 0) == b""
+    assert store.get(KEY, 0, None) == data
+
+
+def test_ranged_get_of_empty_object(store):
+    store.put(KEY, b"")
+    assert store.get(KEY, 0, 10) == b""
+    assert store.get(KEY, 5) == b""
+
+
+def test_overwrite_replaces_whole_object(store):
+    store.put(KEY, payload(3000, seed=1))
+    new = payload(1000, seed=2)
+    store.put(KEY, new)
+    assert store.get(KEY) == new
+    assert store.size(KEY) == 1000
+
+
+def test_get_missing_raises_not_found(store):
+    with pytest.raises(ObjectNotFound):
+        store.get("data/missing")
+    with pytest.raises(ObjectNotFound):
+        store.get("data/missing", 10, 5)
+    with pytest.raises(ObjectNotFound):
+        store.get("data/missing", 0, 0)
+    assert store.size("data/missing") is None
+
+
+def test_delete_is_idempotent(store):
+    store.put(KEY, b"x")
+    store.delete(KEY)
+    store.delete(KEY)
+    store.delete("data/never-existed")
+    with pytest.raises(ObjectNotFound):
+        store.get(KEY)
+    assert store.size(KEY) is None
+    assert store.list() == []
+
+
+def test_list_sorted_and_filtered_by_prefix(store):
+    keys = ["data/0002", "meta/x", "data/0001", "dat", "data/sub/3"]
+    for k in keys:
+        store.put(k, k.encode())
+    assert store.list() == sorted(keys)
+    assert store.list("data/") == ["data/0001", "data/0002", "data/sub/3"]
+    assert store.list("dat") == ["dat", "data/0001", "data/0002", "data/sub/3"]
+    assert store.list("data/sub/") == ["data/sub/3"]
+    assert store.list("nope/") == []
+    assert store.list("data/0001") == ["data/0001"]
+
+
+def test_list_isolated_between_prefixes(make_store):
+    a, b = make_store("main"), make_store("main2")
+    a.put("data/1", b"a")
+    b.put("data/2", b"b")
+    assert a.list() == ["data/1"]
+    assert b.list() == ["data/2"]
+    assert a.get("data/1") == b"a"
+    with pytest.raises(ObjectNotFound):
+        a.get("data/2")
+
+
+def test_check_ok_and_leaves_nothing(store):
+    store.check()
+    store.check()  # repeatable
+    assert store.list() == []
+
+
+# -- file store --------------------------------------------------------------
+
+
+def _all_files(root) -> set[str]:
+    return {
+        os.path.relpath(os.path.join(d, f), root).replace(os.sep, "/")
+        for d, _, files in os.walk(root)
+        for f in files
+    }
+
+
+def test_file_put_leaves_no_temp_files(tmp_path):
+    s = FileStore(str(tmp_path))
+    for i in range(5):
+        s.put(f"data/{i:04d}", payload(100, seed=i))
+    s.put("data/0001", b"again")
+    assert _all_files(tmp_path) == {f"data/{i:04d}" for i in range(5)}
+    assert not any(f.endswith(TMP_SUFFIX) for f in _all_files(tmp_path))
+
+
+def test_file_list_hides_temp_files(tmp_path):
+    s = FileStore(str(tmp_path))
+    s.put("data/1", b"x")
+    (tmp_path / "data" / f"1.abc{TMP_SUFFIX}").write_bytes(b"partial")  # a crashed put
+    assert s.list() == ["data/1"]
+
+
+def test_file_put_atomic_under_concurrent_reads(tmp_path):
+    s = FileStore(str(tmp_path))
+    a, b = payload(MiB, seed=1), payload(MiB, seed=2)
+    s.put(KEY, a)
+    done = threading.Event()
+    bad: list[str] = []
+    reads = 0
+
+    def reader():
+        nonlocal reads
+        while not done.is_set():
+            got = s.get(KEY)
+            reads += 1
+            if got not in (a, b):
+                bad.append(f"partial object: {len(got)} bytes")
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        for i in range(60):
+            s.put(KEY, a if i % 2 else b)
+    finally:
+        done.set()
+        t.join()
+    assert bad == []
+    assert reads > 0
+
+
+def test_file_check_creates_directory(tmp_path):
+    root = tmp_path / "cold"
+    FileStore(str(root)).check()
+    assert root.is_dir()
+    assert _all_files(root) == set()
+
+
+def test_file_check_missing_parent(tmp_path):
+    parent = tmp_path / "no" / "such"
+    with pytest.raises(ColdConfigError) as e:
+        FileStore(str(parent / "cold")).check()
+    msg = str(e.value)
+    assert str(parent) in msg and "\n" not in msg
+
+
+def test_file_check_root_is_a_file(tmp_path):
+    (tmp_path / "f").write_bytes(b"")
+    with pytest.raises(ColdConfigError, match="not a directory"):
+        FileStore(str(tmp_path / "f")).check()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
+def test_file_check_not_writable(tmp_path):
+    root = tmp_path / "ro"
+    root.mkdir()
+    root.chmod(0o555)
+    try:
+        with pytest.raises(ColdConfigError, match=str(root)):
+            FileStore(str(root)).check()
+    finally:
+        root.chmod(0o755)
+
+
+@pytest.mark.parametrize("key", ["", "/abs", "../x", "a//b", "a/./b", "x" + TMP_SUFFIX])
+def test_file_rejects_bad_keys(tmp_path, key):
+    with pytest.raises(ValueError):
+        FileStore(str(tmp_path)).put(key, b"x")
+
+
+# -- s3 store ------------------------------------------------------------------
+
+
+def test_s3_check_missing_bucket(moto_endpoint, aws_env):
+    from tierfs.cold.s3 import S3Store
+
+    with pytest.raises(ColdConfigError) as e:
+        S3Store("no-such-bucket-tierfs", "p", endpoint=moto_endpoint).check()
+    msg = str(e.value)
+    assert "'no-such-bucket-tierfs'" in msg and moto_endpoint in msg
+    assert "aws s3 mb s3://no-such-bucket-tierfs" in msg
+
+
+def test_s3_ops_on_missing_bucket_are_config_errors(moto_endpoint, aws_env):
+    from tierfs.cold.s3 import S3Store
+
+    s = S3Store("no-such-bucket-tierfs", endpoint=moto_endpoint)
+    with pytest.raises(ColdConfigError, match="does not exist"):
+        s.put(KEY, b"x")
+    with pytest.raises(ColdConfigError, match="does not exist"):
+        s.list()
+
+
+def test_s3_unreachable_endpoint(aws_env):
+    from tierfs.cold.s3 import S3Store
+
+    endpoint = f"http://127.0.0.1:{free_port()}"  # bound then released: nothing listens
+    s = S3Store("some-bucket", endpoint=endpoint, connect_timeout=1, read_timeout=1)
+    start = time.monotonic()
+    with pytest.raises(ColdConfigError) as e:
+        s.check()
+    assert time.monotonic() - start < 5
+    assert endpoint in str(e.value) and "--s3-endpoint" in str(e.value)
+    # Outside check() the same failure is transient, so callers retry it.
+    with pytest.raises(ColdStoreError) as e2:
+        s.get(KEY)
+    assert e2.value.transient and not isinstance(e2.value, ColdConfigError)
+
+
+def test_s3_no_credentials(moto_endpoint, aws_env, monkeypatch):
+    from tierfs.cold.s3 import S3Store
+
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    with pytest.raises(ColdConfigError, match="no AWS credentials found"):
+        S3Store("any-bucket", endpoint=moto_endpoint).check()
+
+
+# moto's server accepts any credentials, so wrong keys cannot be shown end to
+# end here; the mapping of the server's replies is checked with a stubbed client.
+@pytest.mark.parametrize(
+    "code, status, expected, transient",
+    [
+        ("AccessDenied", 403, ColdConfigError, False),
+        ("InvalidAccessKeyId", 403, ColdConfigError, False),
+        ("SignatureDoesNotMatch", 403, ColdConfigError, False),
+        ("NoSuchBucket", 404, ColdConfigError, False),
+        ("NoSuchKey", 404, ObjectNotFound, False),
+        ("SlowDown", 503, ColdStoreError, True),
+        ("InternalError", 500, ColdStoreError, True),
+        ("InvalidArgument", 400, ColdStoreError, False),
+    ],
+)
+def test_s3_error_mapping(aws_env, code, status, expected, transient):
+    from botocore.stub import Stubber
+
+    from tierfs.cold.s3 import S3Store
+
+    s = S3Store("b-test", "p", endpoint="http://127.0.0.1:9")
+    with Stubber(s._client) as stub:
+        stub.add_client_error("get_object", service_error_code=code, http_status_code=status)
+        with pytest.raises(ColdStoreError) as e:
+            s.get(KEY)
+    assert type(e.value) is expected
+    assert e.value.transient is transient
+    if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+        assert "credentials" in str(e.value) and "'b-test'" in str(e.value)
+
+
+def test_s3_endpoint_from_environment(moto_endpoint, bucket, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    s = open_store(f"s3://{bucket}/some/prefix/")
+    s.check()
+    s.put(KEY, b"hello")
+    assert s.get(KEY) == b"hello"
+    assert s.describe() == f"s3://{bucket}/some/prefix"
+    assert "testing" not in s.describe()
+
+
+def test_s3_path_style(moto_endpoint, bucket):
+    s = open_store(f"s3://{bucket}", s3_endpoint=moto_endpoint, s3_path_style=True, s3_region="us-east-1")
+    s.put(KEY, b"path style")
+    assert s.get(KEY, 5) == b"style"
+    assert s.list() == [KEY]
+
+
+# -- URLs and open_store -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url, expected",
+    [
+        ("file:///var/cold", ("file", "/var/cold", "")),
+        ("file:///var/cold/", ("file", "/var/cold", "")),
+        ("s3://bucket", ("s3", "bucket", "")),
+        ("s3://bucket/", ("s3", "bucket", "")),
+        ("s3://my.bucket-1/a/b/", ("s3", "my.bucket-1", "a/b")),
+        ("s3://b12/tierfs", ("s3", "b12", "tierfs")),
+    ],
+)
+def test_parse_cold_url_good(url, expected):
+    assert parse_cold_url(url) == expected
+
+
+@pytest.mark.parametrize(
+    "url, words",
+    [
+        ("foo", "is not a URL"),
+        ("/abs/path", "file:///abs/path"),
+        ("", "is not a URL"),
+        ("ftp://host/x", "unknown scheme 'ftp'"),
+        ("file://relative", "file:///abs/path"),
+        ("file://relative/path", "file:///abs/path"),
+        ("s3://", "names no bucket"),
+        ("s3:///prefix", "names no bucket"),
+        ("s3://Bad_Bucket/x", "invalid bucket name 'Bad_Bucket'"),
+        ("s3://ab", "invalid bucket name"),
+        ("s3://-abc", "invalid bucket name"),
+        ("s3://a..b", "invalid bucket name"),
+        ("s3://192.168.1.1", "invalid bucket name"),
+        ("s3://" + "a" * 64, "invalid bucket name"),
+        ("s3://bucket/a//b", "empty path segment"),
+    ],
+)
+def test_parse_cold_url_bad(url, words):
+    with pytest.raises(UserError) as e:
+        parse_cold_url(url)
+    msg = str(e.value)
+    assert words in msg
+    assert repr(url) in msg and "\n" not in msg
+
+
+def test_open_store_file(tmp_path):
+    s = open_store(f"file://{tmp_path}/cold/")
+    assert isinstance(s, FileStore)
+    assert s.describe() == f"file://{tmp_path}/cold"
+
+
+def test_open_store_bad_url_is_user_error():
+    with pytest.raises(UserError):
+        open_store("cold-dir")
+
+
+def test_import_does_not_load_boto3():
+    code = (
+        "import sys, tierfs.cold as c; c.open_store('file:///tmp/x'); "
+        "assert 'boto3' not in sys.modules and 'botocore' not in sys.modules"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
+
+
+# -- faulty store -----------------------------------------------------------------
+
+
+def test_faulty_outage():
+    s = FaultyStore(MemoryStore())
+    s.put(KEY, b"x")
+    s.outage = True
+    for op in (lambda: s.get(KEY), lambda: s.put(KEY, b"y"), s.list, lambda: s.size(KEY), lambda: s.delete(KEY)):
+        with pytest.raises(ColdStoreError, match="injected outage") as e:
+            op()
+        assert e.value.transient
+    s.outage = False
+    assert s.get(KEY) == b"x"  # nothing changed during the outage
+    assert s.calls == {"put": 2, "get": 2, "list": 1, "size": 1, "delete": 1}
+
+
+def test_faulty_corrupt_keys_flip_one_byte():
+    inner = MemoryStore()
+    s = FaultyStore(inner, seed=3)
+    data = payload(4096)
+    s.put(KEY, data)
+    s.put("data/ok", data)
+    s.corrupt_keys = {KEY}
+    got = s.get(KEY)
+    assert len(got) == len(data)
+    assert sum(x != y for x, y in zip(got, data)) == 1
+    assert s.get("data/ok") == data
+    assert inner.get(KEY) == data  # the stored copy is intact
+
+
+def _failure_pattern(seed: int) -> list[bool]:
+    s = FaultyStore(MemoryStore(), seed=seed)
+    s.fail_rate = 0.5
+    pattern = []
+    for i in range(64):
+        try:
+            s.put(f"k{i}", b"v")
+            pattern.append(False)
+        except ColdStoreError as e:
+            assert e.transient
+            pattern.append(True)
+    return pattern
+
+
+def test_faulty_fail_rate_is_deterministic():
+    first = _failure_pattern(7)
+    assert first == _failure_pattern(7)
+    assert any(first) and not all(first)
+    assert first != _failure_pattern(8)
+
+
+def test_faulty_latency():
+    s = FaultyStore(MemoryStore())
+    s.latency_s = 0.05
+    start = time.monotonic()
+    s.size(KEY)
+    assert time.monotonic() - start >= 0.05

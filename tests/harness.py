@@ -1,0 +1,118 @@
+"""Mount the real tierfs daemon for tests and always clean up after it."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+from tierfs.mountpoint import mounts
+
+
+def run_cli(*args, env=None, timeout=120, check=False) -> subprocess.CompletedProcess:
+    """Run `tierfs ARGS` as a user would (a separate process)."""
+    res = subprocess.run([sys.executable, "-m", "tierfs", *map(str, args)], capture_output=True,
+                         text=True, env=env, timeout=timeout)
+    if check and res.returncode != 0:
+        raise AssertionError(f"tierfs {' '.join(map(str, args))} failed "
+                             f"({res.returncode}): {res.stderr}{res.stdout}")
+    return res
+
+
+# Log lines a test may expect (fault tests); anything else at ERROR/Traceback fails it.
+_BAD_LOG = re.compile(r"Traceback|\bERROR\b|\bCRITICAL\b")
+
+
+class Mount:
+    def __init__(self, root: str, cold_url: str, *, args=(), env=None, name="m"):
+        self.mountpoint = os.path.join(root, f"{name}-mnt")
+        self.cache_dir = os.path.join(root, f"{name}-cache")
+        self.cold_url = cold_url
+        self.args = list(args)
+        self.env = env
+        self.pid: int | None = None
+        self.allowed_log: list[str] = []  # regexes of ERROR lines this test provokes
+        os.makedirs(self.mountpoint, exist_ok=True)
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.mountpoint, *parts)
+
+    def cli(self, *args, check=False, timeout=120) -> subprocess.CompletedProcess:
+        return run_cli(*args, env=self.env, check=check, timeout=timeout)
+
+    def start(self, *extra) -> subprocess.CompletedProcess:
+        res = self.cli("mount", self.cold_url, self.mountpoint, "--cache-dir", self.cache_dir,
+                       "--upload-delay", "0.5", *self.args, *extra, check=True)
+        self.pid = self.daemon_pid()
+        return res
+
+    def daemon_pid(self) -> int:
+        return json.loads(os.getxattr(self.mountpoint, "user.tierfs.control"))["pid"]
+
+    @property
+    def mounted(self) -> bool:
+        return mounts().get(self.mountpoint) == "fuse.tierfs"
+
+    def umount(self) -> None:
+        self.cli("umount", self.mountpoint, check=True)
+        self.pid = None
+
+    def kill9(self) -> None:
+        os.kill(self.pid, signal.SIGKILL)
+        _wait_gone(self.pid)
+        self.pid = None
+
+    def remount(self, *extra) -> None:
+        self.umount()
+        self.start(*extra)
+
+    def log(self) -> str:
+        try:
+            with open(os.path.join(self.cache_dir, "tierfs.log"), errors="replace") as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
+
+    def unexpected_log_lines(self) -> list[str]:
+        bad = []
+        for line in self.log().splitlines():
+            if _BAD_LOG.search(line) and not any(re.search(p, line) for p in self.allowed_log):
+                bad.append(line)
+        return bad
+
+    def cleanup(self) -> None:
+        """Unmount and stop the daemon whatever state the test left them in."""
+        if self.mounted:
+            res = self.cli("umount", self.mountpoint, timeout=120)
+            if res.returncode != 0:
+                subprocess.run(["fusermount3", "-u", "-z", self.mountpoint], capture_output=True)
+        if self.pid is not None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            _wait_gone(self.pid)
+            self.pid = None
+
+
+def _wait_gone(pid: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(")")[-1].split()[0] == "Z":
+                    return
+        except OSError:
+            return
+        time.sleep(0.02)

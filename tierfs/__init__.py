@@ -1,0 +1,3 @@
+"""tierfs: a tiered POSIX filesystem for ML training nodes (NVMe hot tier + S3)."""
+
+__version__ = "0.1.0"

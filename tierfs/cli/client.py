@@ -1,0 +1,51 @@
+"""Client side of the control interface: find a mount's daemon and talk to it."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+
+from ..errors import UserError
+
+CONTROL_XATTR = "user.tierfs.control"
+
+
+def daemon_info(path: str) -> dict:
+    """pid, cache dir and socket of the daemon serving `path` (any path in a mount)."""
+    try:
+        raw = os.getxattr(path, CONTROL_XATTR)
+    except FileNotFoundError:
+        raise UserError(f"{path} does not exist") from None
+    except OSError as e:
+        if e.errno == errno.ENOTCONN:
+            raise UserError(f"the daemon serving {path} has died: run tierfs umount on its "
+                            f"mount point, then mount again") from None
+        raise UserError(f"{path} is not inside a tierfs mount") from None
+    return json.loads(raw)
+
+
+def request(path: str, cmd: str, **args):
+    """Send one command; yield every reply line (progress lines, then the final one)."""
+    info = daemon_info(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(info["socket"])
+    except OSError as e:
+        raise UserError(f"cannot reach the tierfs daemon at {info['socket']}: {e.strerror}") from None
+    with sock, sock.makefile("rb") as f:
+        sock.sendall(json.dumps({"cmd": cmd, **args}).encode() + b"\n")
+        for line in f:
+            yield json.loads(line)
+
+
+def call(path: str, cmd: str, **args) -> dict:
+    """Send one command and return its final reply; errors become UserError."""
+    last = None
+    for last in request(path, cmd, **args):
+        pass
+    if last is None:
+        raise UserError("the tierfs daemon closed the connection without answering")
+    if not last.get("ok"):
+        raise UserError(f"{cmd} failed: {last.get('error', 'unknown error')}")
+    return last

@@ -1,0 +1,47 @@
+"""The interface every cold object store implements.
+
+All methods are synchronous and may block; callers run them in worker threads.
+Keys are relative to the store's own prefix ("data/000000000000002a").
+Transient failures raise ColdStoreError(transient=True) so callers can retry;
+anything else raises ColdStoreError(transient=False) or a subclass.
+"""
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+# Key written and removed by check() to prove the store is writable.
+PROBE_KEY = ".tierfs-probe"
+
+
+@runtime_checkable
+class ObjectStore(Protocol):
+    def put(self, key: str, data: bytes) -> None:
+        """Store data atomically: readers see the old object or the whole new one."""
+
+    def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+        """Read [offset, offset+length) (to the end if length is None).
+
+        Raises ObjectNotFound if the key is missing; reading past the end
+        returns whatever bytes exist, possibly b''.
+        """
+
+    def delete(self, key: str) -> None:
+        """Remove the key; a missing key is not an error."""
+
+    def list(self, prefix: str = "") -> list[str]:
+        """Keys starting with prefix, sorted."""
+
+    def size(self, key: str) -> int | None:
+        """Object size in bytes, or None if missing."""
+
+    def check(self) -> None:
+        """Verify the store is reachable and writable; raise ColdConfigError if not."""
+
+    def describe(self) -> str:
+        """A human-readable URL for messages, never containing credentials."""
+
+
+def check_range(offset: int, length: int | None) -> None:
+    """Reject nonsense ranges the same way in every store."""
+    if offset < 0 or (length is not None and length < 0):
+        raise ValueError(f"bad range offset={offset} length={length}")

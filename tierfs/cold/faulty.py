@@ -1,0 +1,67 @@
+"""A wrapper that injects failures, latency and corruption for tests."""
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+from tierfs.errors import ColdStoreError
+
+
+class FaultyStore:
+    """Wraps any ObjectStore; tune the public attributes while it runs."""
+
+    def __init__(self, inner, *, seed: int = 0) -> None:
+        self.inner = inner
+        self.fail_rate = 0.0  # probability that a call raises a transient error
+        self.outage = False  # every call fails while True
+        self.latency_s = 0.0  # sleep before each call
+        self.corrupt_keys: set[str] = set()  # get() on these flips one byte
+        self.calls: dict[str, int] = {}
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()  # Random and the counters are shared by threads
+
+    def _enter(self, op: str) -> None:
+        with self._lock:
+            self.calls[op] = self.calls.get(op, 0) + 1
+            fail = self.fail_rate > 0 and self._rng.random() < self.fail_rate
+        if self.latency_s:
+            time.sleep(self.latency_s)
+        if self.outage:
+            raise ColdStoreError("injected outage", transient=True)
+        if fail:
+            raise ColdStoreError(f"injected failure in {op}", transient=True)
+
+    def put(self, key: str, data: bytes) -> None:
+        self._enter("put")
+        self.inner.put(key, data)
+
+    def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+        self._enter("get")
+        data = self.inner.get(key, offset, length)
+        if key in self.corrupt_keys and data:
+            with self._lock:
+                i = self._rng.randrange(len(data))
+            flipped = bytearray(data)
+            flipped[i] ^= 0xFF
+            data = bytes(flipped)
+        return data
+
+    def delete(self, key: str) -> None:
+        self._enter("delete")
+        self.inner.delete(key)
+
+    def list(self, prefix: str = "") -> list[str]:
+        self._enter("list")
+        return self.inner.list(prefix)
+
+    def size(self, key: str) -> int | None:
+        self._enter("size")
+        return self.inner.size(key)
+
+    def check(self) -> None:
+        self._enter("check")
+        self.inner.check()
+
+    def describe(self) -> str:
+        return f"faulty+{self.inner.describe()}"

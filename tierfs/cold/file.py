@@ -1,0 +1,173 @@
+"""A store kept in a local (or network-mounted) directory."""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import uuid
+
+from tierfs.cold.base import PROBE_KEY, check_range
+from tierfs.errors import ColdConfigError, ColdStoreError, ObjectNotFound
+
+# put() writes "<name>.<random><TMP_SUFFIX>" then renames it; list() hides these.
+TMP_SUFFIX = ".tierfs-tmp"
+# errno values that a network filesystem may return and later recover from.
+_TRANSIENT = {errno.EIO, errno.ETIMEDOUT, errno.EAGAIN, errno.EINTR, errno.ESTALE}
+
+
+class FileStore:
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+
+    def _path(self, key: str) -> str:
+        parts = key.split("/")
+        if not key or any(p in ("", ".", "..") for p in parts) or key.endswith(TMP_SUFFIX):
+            raise ValueError(f"invalid object key {key!r}")
+        return os.path.join(self.root, *parts)
+
+    def _error(self, op: str, key: str, e: OSError) -> ColdStoreError:
+        return ColdStoreError(
+            f"{op} '{key}' in {self.describe()} failed: {e.strerror or e}",
+            transient=e.errno in _TRANSIENT,
+        )
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        directory = os.path.dirname(path)
+        tmp = f"{path}.{uuid.uuid4().hex}{TMP_SUFFIX}"
+        try:
+            os.makedirs(directory, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+            _fsync_dir(directory)  # make the rename itself durable
+        except OSError as e:
+            _unlink_quietly(tmp)
+            raise self._error("put", key, e) from e
+        except BaseException:
+            _unlink_quietly(tmp)
+            raise
+
+    def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+        check_range(offset, length)
+        path = self._path(key)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as e:
+            raise ObjectNotFound(f"object '{key}' not found in {self.describe()}") from e
+        except OSError as e:
+            raise self._error("get", key, e) from e
+        try:
+            end = os.fstat(fd).st_size
+            if length is not None:
+                end = min(end, offset + length)
+            chunks = []
+            pos = offset
+            while pos < end:  # pread may return short counts on huge reads
+                chunk = os.pread(fd, end - pos, pos)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                pos += len(chunk)
+            return b"".join(chunks)
+        except IsADirectoryError as e:
+            raise ObjectNotFound(f"object '{key}' not found in {self.describe()}") from e
+        except OSError as e:
+            raise self._error("get", key, e) from e
+        finally:
+            os.close(fd)
+
+    def delete(self, key: str) -> None:
+        try:
+            os.unlink(self._path(key))
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        except OSError as e:
+            raise self._error("delete", key, e) from e
+
+    def list(self, prefix: str = "") -> list[str]:
+        # Walk only the deepest directory the prefix pins down.
+        base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        top = os.path.join(self.root, *base.split("/")) if base else self.root
+        if not os.path.isdir(self.root):
+            raise ColdStoreError(f"cold directory {self.root} is missing: is it mounted?")
+
+        def onerror(e: OSError) -> None:
+            # A subdirectory removed while we walk simply has no keys.
+            if not isinstance(e, (FileNotFoundError, NotADirectoryError)):
+                raise e
+
+        keys = []
+        try:
+            for dirpath, _dirs, files in os.walk(top, onerror=onerror):
+                rel = os.path.relpath(dirpath, self.root)
+                rel = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+                for name in files:
+                    key = rel + name
+                    if key.startswith(prefix) and not name.endswith(TMP_SUFFIX):
+                        keys.append(key)
+        except OSError as e:
+            raise self._error("list", prefix, e) from e
+        return sorted(keys)
+
+    def size(self, key: str) -> int | None:
+        try:
+            st = os.stat(self._path(key))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as e:
+            raise self._error("size", key, e) from e
+        return st.st_size if stat.S_ISREG(st.st_mode) else None
+
+    def check(self) -> None:
+        root = self.root
+        parent = os.path.dirname(root)
+        if not os.path.isdir(root):
+            if os.path.exists(root):
+                raise ColdConfigError(f"cold location {root} is not a directory: use a directory path in file:///abs/path")
+            if not os.path.isdir(parent):
+                raise ColdConfigError(
+                    f"cannot create cold directory {root}: parent {parent} does not exist: "
+                    f"create it (mkdir -p {parent}) or fix the URL"
+                )
+            try:
+                os.mkdir(root)
+            except FileExistsError:
+                pass  # created concurrently; fine
+            except OSError as e:
+                raise ColdConfigError(
+                    f"cannot create cold directory {root}: {e.strerror}: check permissions on {parent}"
+                ) from e
+        try:
+            self.put(PROBE_KEY, b"tierfs probe")
+            ok = self.get(PROBE_KEY) == b"tierfs probe"
+            self.delete(PROBE_KEY)
+        except ColdStoreError as e:
+            raise ColdConfigError(f"cold directory {root} is not usable ({e}): check its permissions and free space") from e
+        if not ok:
+            raise ColdConfigError(f"cold directory {root} returned wrong data for a probe file: check the filesystem")
+
+    def describe(self) -> str:
+        return f"file://{self.root}"
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+

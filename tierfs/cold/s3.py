@@ -1,0 +1,193 @@
+"""An S3 (or S3-compatible) bucket, optionally under a key prefix.
+
+The only module that imports boto3/botocore, so the rest of tierfs loads fast
+and works without them when no S3 store is used.
+"""
+from __future__ import annotations
+
+import boto3
+import botocore.exceptions as bce
+from botocore.config import Config
+
+from tierfs.cold.base import PROBE_KEY, check_range
+from tierfs.errors import ColdConfigError, ColdStoreError, ObjectNotFound
+
+_NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
+_DENIED = {
+    "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403",
+    "Forbidden", "AllAccessDisabled", "ExpiredToken", "InvalidToken",
+}
+_TRANSIENT = {
+    "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
+    "RequestTimeoutException", "InternalError", "ServiceUnavailable", "503", "500",
+}
+
+
+class S3Store:
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint: str | None = None,
+        region: str | None = None,
+        path_style: bool = False,
+        connect_timeout: float = 10,
+        read_timeout: float = 30,
+    ) -> None:
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        config = Config(
+            max_pool_connections=32,
+            retries={"max_attempts": 1, "mode": "standard"},  # tierfs retries itself
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            s3={"addressing_style": "path"} if path_style else None,
+            # Default CRC trailers break some S3-compatible servers; tierfs
+            # checksums its data itself.
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+        # A private session: the default one is shared and not thread-safe to create clients from.
+        # endpoint=None lets boto3 use AWS_ENDPOINT_URL or the AWS default.
+        self._client = boto3.session.Session().client(
+            "s3", endpoint_url=endpoint, region_name=region, config=config
+        )
+        self.endpoint = self._client.meta.endpoint_url
+
+    # -- helpers ---------------------------------------------------------
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _error(self, e: Exception, op: str, key: str | None = None) -> ColdStoreError:
+        """Translate a botocore exception into a tierfs error."""
+        what = f"{op} s3://{self.bucket}/{self._key(key)}" if key is not None else f"{op} on {self.describe()}"
+        if isinstance(e, (bce.NoCredentialsError, bce.PartialCredentialsError)):
+            return ColdConfigError(
+                "no AWS credentials found: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE"
+            )
+        if isinstance(e, (bce.ConnectionError, bce.HTTPClientError)):
+            return ColdStoreError(f"{what} failed: cannot reach S3 endpoint {self.endpoint}: {e}", transient=True)
+        if isinstance(e, bce.ClientError):
+            code = str(e.response.get("Error", {}).get("Code", ""))
+            status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+            if code == "NoSuchBucket":
+                return ColdConfigError(self._missing_bucket())
+            if code in _NOT_FOUND:
+                return ObjectNotFound(f"object '{key}' not found in {self.describe()}")
+            if code in _DENIED or status == 403:
+                return ColdConfigError(
+                    f"access denied to bucket '{self.bucket}' ({code}): "
+                    "check AWS credentials (AWS_ACCESS_KEY_ID/AWS_PROFILE)"
+                )
+            if code in _TRANSIENT or status >= 500 or status == 429:
+                return ColdStoreError(f"{what} failed: {code} (HTTP {status})", transient=True)
+            return ColdStoreError(f"{what} failed: {code} (HTTP {status})")
+        return ColdStoreError(f"{what} failed: {e}")
+
+    def _missing_bucket(self) -> str:
+        return (
+            f"bucket '{self.bucket}' does not exist at endpoint {self.endpoint}: "
+            f"create it (aws s3 mb s3://{self.bucket}) or fix the URL"
+        )
+
+    # -- ObjectStore -----------------------------------------------------
+
+    def put(self, key: str, data: bytes) -> None:
+        try:
+            # A single PutObject is atomic: readers see old or new, never part.
+            self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=bytes(data))
+        except (bce.BotoCoreError, bce.ClientError) as e:
+            raise self._error(e, "put", key) from e
+
+    def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+        check_range(offset, length)
+        if length == 0:  # an empty Range is not expressible; just confirm existence
+            if self.size(key) is None:
+                raise ObjectNotFound(f"object '{key}' not found in {self.describe()}")
+            return b""
+        args = {"Bucket": self.bucket, "Key": self._key(key)}
+        if offset or length is not None:
+            last = "" if length is None else str(offset + length - 1)
+            args["Range"] = f"bytes={offset}-{last}"
+        try:
+            resp = self._client.get_object(**args)
+            # Read inside the try: a dropped connection surfaces while streaming.
+            return resp["Body"].read()
+        except bce.ClientError as e:
+            if e.response.get("Error", {}).get("Code") == "InvalidRange":
+                return b""  # range starts at or after the end
+            raise self._error(e, "get", key) from e
+        except bce.BotoCoreError as e:
+            raise self._error(e, "get", key) from e
+
+    def delete(self, key: str) -> None:
+        try:
+            # DeleteObject succeeds for missing keys, which gives idempotence.
+            self._client.delete_object(Bucket=self.bucket, Key=self._key(key))
+        except (bce.BotoCoreError, bce.ClientError) as e:
+            raise self._error(e, "delete", key) from e
+
+    def list(self, prefix: str = "") -> list[str]:
+        # The trailing "/" keeps prefix "a" from seeing keys of prefix "ab".
+        base = f"{self.prefix}/" if self.prefix else ""
+        keys = []
+        try:
+            pages = self._client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=base + prefix
+            )
+            for page in pages:
+                keys.extend(obj["Key"][len(base):] for obj in page.get("Contents", []))
+        except (bce.BotoCoreError, bce.ClientError) as e:
+            raise self._error(e, "list", prefix) from e
+        return sorted(keys)
+
+    def size(self, key: str) -> int | None:
+        try:
+            resp = self._client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except (bce.BotoCoreError, bce.ClientError) as e:
+            err = self._error(e, "size", key)
+            if isinstance(err, ObjectNotFound):
+                return None
+            raise err from e
+        return resp["ContentLength"]
+
+    def check(self) -> None:
+        try:
+            self._client.head_bucket(Bucket=self.bucket)
+        except bce.ClientError as e:
+            code = str(e.response.get("Error", {}).get("Code", ""))
+            if code in ("404", "NoSuchBucket", "NotFound"):
+                raise ColdConfigError(self._missing_bucket()) from e
+            raise self._check_error(e) from e
+        except bce.BotoCoreError as e:
+            raise self._check_error(e) from e
+        # Bucket-level access can be allowed while object writes are not;
+        # find that out now rather than at the first eviction.
+        probe = b"tierfs probe"
+        try:
+            self.put(PROBE_KEY, probe)
+            got = self.get(PROBE_KEY)
+            self.delete(PROBE_KEY)
+        except ColdConfigError:
+            raise
+        except ColdStoreError as e:
+            raise ColdConfigError(f"cannot use {self.describe()}: {e}") from e
+        if got != probe:
+            raise ColdConfigError(
+                f"{self.describe()} returned wrong data for probe key {PROBE_KEY}: check the endpoint"
+            )
+
+    def _check_error(self, e: Exception) -> ColdConfigError:
+        if isinstance(e, (bce.ConnectionError, bce.HTTPClientError)):
+            return ColdConfigError(
+                f"cannot reach S3 endpoint {self.endpoint}: check --s3-endpoint / AWS_ENDPOINT_URL"
+            )
+        err = self._error(e, "check")
+        if isinstance(err, ColdConfigError):
+            return err
+        return ColdConfigError(f"cannot use {self.describe()} at endpoint {self.endpoint}: {err}")
+
+    def describe(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"

@@ -1,0 +1,129 @@
+"""Control interface of a live mount.
+
+Clients find the daemon through the virtual xattr `user.tierfs.control` on any
+path of the mount (JSON: pid, cache dir, socket path), then talk JSON lines over
+a unix socket in the cache dir: one request line, zero or more progress lines,
+and a final line holding "ok" (true/false). The per-file extent state is also
+readable as the xattr `user.tierfs.state`.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import socket
+
+import trio
+
+from ..errors import FsError, TierfsError
+from ..fs.ops import CONTROL_XATTR, STATE_XATTR
+
+log = logging.getLogger(__name__)
+
+
+class Control:
+    def __init__(self, daemon):
+        self.daemon = daemon
+        self.engine = daemon.engine
+        self.meta = daemon.meta
+        self.socket_path = os.path.join(daemon.cfg.cache_dir, "control.sock")
+        self.commands = {"status": self.cmd_status, "ping": self.cmd_ping}
+
+    # ---- virtual xattrs ------------------------------------------------------------
+    def virtual_xattr(self, ino: int, name: bytes) -> bytes | None:
+        if name == CONTROL_XATTR:
+            return json.dumps({"pid": os.getpid(), "cache_dir": self.daemon.cfg.cache_dir,
+                               "socket": self.socket_path,
+                               "mountpoint": self.daemon.cfg.mountpoint}).encode()
+        if name == STATE_XATTR:
+            return json.dumps(self.file_state(ino), sort_keys=True).encode()
+        return None
+
+    def file_state(self, ino: int) -> dict:
+        node = self.meta.get_inode(ino)
+        extents = self.meta.all_extents(ino)
+        E = self.engine.E
+        out = {"size": node.size, "extent_size": E, "hot": 0, "cold": 0, "dirty": 0,
+               "pinned": 0, "extents": []}
+        for idx, ext in sorted(extents.items()):
+            length = min(E, max(0, node.size - idx * E))
+            where = "hot+cold" if ext.hot and ext.obj_id and not ext.dirty else (
+                "hot" if ext.hot else "cold")
+            out["extents"].append({"index": idx, "where": where, "dirty": ext.dirty,
+                                   "pinned": ext.pinned})
+            if ext.hot:
+                out["hot"] += length
+            else:
+                out["cold"] += length
+            if ext.dirty:
+                out["dirty"] += length
+            if ext.pinned:
+                out["pinned"] += length
+        return out
+
+    # ---- commands ---------------------------------------------------------------------
+    async def cmd_ping(self, req, reply):
+        return {"pid": os.getpid()}
+
+    async def cmd_status(self, req, reply):
+        index = self.engine.index
+        st = self.engine.stats.snapshot()
+        out = {"mountpoint": self.daemon.cfg.mountpoint, "cold": self.daemon.cold.describe(),
+               "hot_bytes": index.total, "dirty_bytes": index.dirty_bytes,
+               "dirty_extents": len(index.dirty), "hot_extents": len(index.sizes),
+               "pinned_extents": len(index.pinned), "counters": st}
+        if req.get("ino"):
+            out["file"] = self.file_state(int(req["ino"]))
+        return out
+
+    # ---- server ------------------------------------------------------------------------
+    async def serve(self, path: str) -> None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        await sock.bind(path)
+        os.chmod(path, 0o666)  # any local user may ask; file access stays kernel-checked
+        sock.listen(64)
+        async with trio.open_nursery() as nursery:
+            while True:
+                conn, _ = await sock.accept()
+                nursery.start_soon(self._handle, trio.SocketStream(conn))
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        async def reply(obj):
+            await stream.send_all(json.dumps(obj).encode() + b"\n")
+
+        try:
+            async with stream:
+                buf = b""
+                while b"\n" not in buf:
+                    chunk = await stream.receive_some(65536)
+                    if not chunk:
+                        return
+                    buf += chunk
+                req = json.loads(buf.split(b"\n", 1)[0])
+                handler = self.commands.get(req.get("cmd"))
+                if handler is None:
+                    await reply({"ok": False, "error": f"unknown command {req.get('cmd')!r}"})
+                    return
+                try:
+                    result = await handler(req, reply)
+                    await reply({"ok": True, **(result or {})})
+                except FsError as e:
+                    await reply({"ok": False, "error": os.strerror(e.errno), "errno": e.errno})
+                except TierfsError as e:
+                    await reply({"ok": False, "error": str(e)})
+        except (trio.BrokenResourceError, trio.ClosedResourceError, ValueError) as e:
+            log.debug("control connection dropped: %s", e)
+        except Exception:
+            log.exception("control request failed")
+
+    # ---- background work ----------------------------------------------------------------
+    async def start_background(self, nursery) -> None:
+        """Start the tiering tasks (uploader, evictor, gc) in the daemon's nursery."""
+
+    async def final_flush(self) -> None:
+        await self.engine.sync_all()

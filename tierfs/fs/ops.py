@@ -1,0 +1,369 @@
+"""pyfuse3 adapter: the only place that speaks FUSE and raises FUSEError.
+
+Keeps the kernel-facing state (lookup counts, open file handles) and turns
+every domain error into an errno once. Namespace changes go straight to the
+metadata store; file data goes through the tiering engine.
+"""
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import os
+import stat
+import time
+
+import lmdb
+import pyfuse3
+import trio
+
+from ..errors import FsError, TierfsError
+from ..meta import MetaStore
+from ..meta.schema import ROOT_INO, Inode
+from ..tier.engine import Engine
+
+log = logging.getLogger(__name__)
+
+BLKSIZE = 128 * 1024
+CONTROL_XATTR = b"user.tierfs.control"
+STATE_XATTR = b"user.tierfs.state"
+
+
+def _guard(fn):
+    """Map domain errors to FUSEError; anything unexpected is logged once and
+    becomes EIO, because an exception escaping a handler kills the mount."""
+    @functools.wraps(fn)
+    async def wrapper(*args):
+        try:
+            return await fn(*args)
+        except pyfuse3.FUSEError:
+            raise
+        except FsError as e:
+            raise pyfuse3.FUSEError(e.errno) from None
+        except lmdb.MapFullError:
+            log.error("metadata database is full: returning ENOSPC")
+            raise pyfuse3.FUSEError(errno.ENOSPC) from None
+        except TierfsError as e:
+            log.error("%s failed: %s", fn.__name__, e)
+            raise pyfuse3.FUSEError(e.errno) from None
+        except OSError as e:
+            log.error("%s failed: %s", fn.__name__, e)
+            raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
+        except Exception:
+            log.exception("unexpected error in %s", fn.__name__)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+    return wrapper
+
+
+class Handle:
+    __slots__ = ("ino", "flags")
+
+    def __init__(self, ino: int, flags: int):
+        self.ino = ino
+        self.flags = flags
+
+
+class Operations(pyfuse3.Operations):
+    enable_writeback_cache = True
+
+    def __init__(self, meta: MetaStore, engine: Engine, *, timeout: float = 60.0,
+                 control=None):
+        super().__init__()
+        self.meta = meta
+        self.engine = engine
+        self.timeout = timeout
+        self.control = control  # answers the user.tierfs.* virtual xattrs
+        self.lookups: dict[int, int] = {}
+        self.open_count: dict[int, int] = {}
+        self.handles: dict[int, Handle] = {}
+        self._next_fh = 1
+
+    # ---- helpers ------------------------------------------------------------------
+    def _entry(self, node: Inode) -> pyfuse3.EntryAttributes:
+        e = pyfuse3.EntryAttributes()
+        e.st_ino = node.ino
+        e.generation = node.generation
+        e.entry_timeout = self.timeout
+        e.attr_timeout = self.timeout
+        e.st_mode = node.mode
+        e.st_nlink = node.nlink
+        e.st_uid = node.uid
+        e.st_gid = node.gid
+        e.st_rdev = node.rdev
+        e.st_size = node.size
+        e.st_blksize = BLKSIZE
+        e.st_blocks = self._blocks(node)
+        e.st_atime_ns = node.atime_ns
+        e.st_mtime_ns = node.mtime_ns
+        e.st_ctime_ns = node.ctime_ns
+        return e
+
+    def _blocks(self, node: Inode) -> int:
+        """512-byte blocks that hold data: holes (missing extents) count nothing."""
+        if not stat.S_ISREG(node.mode) or node.size == 0:
+            return (node.size + 511) // 512 if stat.S_ISLNK(node.mode) else 0
+        E = self.engine.E
+        _n, exts = self.meta.get_extents(node.ino, 0, (node.size - 1) // E)
+        covered = sum(min(E, node.size - i * E) for i in exts)
+        return (covered + 511) // 512
+
+    def _looked_up(self, ino: int, n: int = 1) -> None:
+        self.lookups[ino] = self.lookups.get(ino, 0) + n
+
+    def _in_use(self, ino: int) -> bool:
+        return ino in self.lookups or ino in self.open_count
+
+    def _maybe_purge(self, ino: int) -> None:
+        if not self._in_use(ino) and self.meta.purge_orphan(ino):
+            self.engine.drop_inode(ino)
+
+    def _after_unlink(self, ino: int | None, purged: bool) -> None:
+        if ino is not None and purged:
+            self.engine.drop_inode(ino)
+
+    def _new_fh(self, ino: int, flags: int) -> int:
+        fh = self._next_fh
+        self._next_fh += 1
+        self.handles[fh] = Handle(ino, flags)
+        self.open_count[ino] = self.open_count.get(ino, 0) + 1
+        return fh
+
+    def _check_name(self, name: bytes) -> None:
+        if len(name) > 255:
+            raise FsError(errno.ENAMETOOLONG)
+
+    # ---- lookups --------------------------------------------------------------------
+    @_guard
+    async def lookup(self, parent_inode, name, ctx):
+        ino = self.meta.lookup(parent_inode, name)
+        node = self.meta.get_inode(ino)
+        if name not in (b".", b".."):
+            self._looked_up(ino)
+        return self._entry(node)
+
+    async def forget(self, inode_list):
+        try:
+            for ino, n in inode_list:
+                left = self.lookups.get(ino, 0) - n
+                if left > 0:
+                    self.lookups[ino] = left
+                else:
+                    self.lookups.pop(ino, None)
+                    self._maybe_purge(ino)
+        except Exception:
+            log.exception("forget failed")
+
+    @_guard
+    async def getattr(self, inode, ctx):
+        return self._entry(self.meta.get_inode(inode))
+
+    @_guard
+    async def setattr(self, inode, attr, fields, fh, ctx):
+        if fields.update_size:
+            node = self.meta.get_inode(inode)
+            if stat.S_ISDIR(node.mode):
+                raise FsError(errno.EISDIR)
+            if not stat.S_ISREG(node.mode):
+                raise FsError(errno.EINVAL)
+            if attr.st_size != node.size:
+                await self.engine.truncate(inode, attr.st_size)
+            elif not (fields.update_mtime or fields.update_ctime):
+                pass  # truncate to the same size still updates times below
+        node = self.meta.get_inode(inode)
+        t = time.time_ns()
+        if fields.update_size:
+            node.mtime_ns = t
+            if ctx.uid != 0:
+                node.mode = self._killpriv(node.mode)
+        if fields.update_mode:
+            node.mode = stat.S_IFMT(node.mode) | stat.S_IMODE(attr.st_mode)
+        if fields.update_uid or fields.update_gid:
+            if fields.update_uid:
+                node.uid = attr.st_uid
+            if fields.update_gid:
+                node.gid = attr.st_gid
+            if not stat.S_ISDIR(node.mode) and not fields.update_mode:
+                node.mode = self._killpriv(node.mode)
+        if fields.update_atime:
+            node.atime_ns = attr.st_atime_ns
+        if fields.update_mtime:
+            node.mtime_ns = attr.st_mtime_ns
+        node.ctime_ns = attr.st_ctime_ns if fields.update_ctime else t
+        self.meta.put_inode(node)
+        return self._entry(node)
+
+    @staticmethod
+    def _killpriv(mode: int) -> int:
+        mode &= ~stat.S_ISUID
+        if mode & stat.S_IXGRP:
+            mode &= ~stat.S_ISGID
+        return mode
+
+    @_guard
+    async def readlink(self, inode, ctx):
+        return self.meta.readlink(inode)
+
+    # ---- namespace --------------------------------------------------------------------
+    def _create(self, parent, name, mode, ctx, rdev=0, target=None):
+        node = self.meta.create_node(parent, name, mode, ctx.uid, ctx.gid, rdev, target)
+        self._looked_up(node.ino)
+        return node
+
+    @_guard
+    async def mknod(self, parent_inode, name, mode, rdev, ctx):
+        return self._entry(self._create(parent_inode, name, mode, ctx, rdev))
+
+    @_guard
+    async def mkdir(self, parent_inode, name, mode, ctx):
+        return self._entry(self._create(parent_inode, name, stat.S_IFDIR | stat.S_IMODE(mode), ctx))
+
+    @_guard
+    async def symlink(self, parent_inode, name, target, ctx):
+        if len(target) > 4095:
+            raise FsError(errno.ENAMETOOLONG)
+        return self._entry(self._create(parent_inode, name, stat.S_IFLNK | 0o777, ctx,
+                                        target=target))
+
+    @_guard
+    async def link(self, inode, new_parent_inode, new_name, ctx):
+        node = self.meta.link(inode, new_parent_inode, new_name)
+        self._looked_up(inode)
+        return self._entry(node)
+
+    @_guard
+    async def unlink(self, parent_inode, name, ctx):
+        self._after_unlink(*self.meta.unlink(parent_inode, name, self._in_use))
+
+    @_guard
+    async def rmdir(self, parent_inode, name, ctx):
+        self._after_unlink(*self.meta.rmdir(parent_inode, name, self._in_use))
+
+    @_guard
+    async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
+        self._after_unlink(*self.meta.rename(
+            parent_inode_old, name_old, parent_inode_new, name_new, flags, self._in_use,
+            pyfuse3.RENAME_NOREPLACE, pyfuse3.RENAME_EXCHANGE))
+
+    # ---- files -------------------------------------------------------------------------
+    @_guard
+    async def open(self, inode, flags, ctx):
+        node = self.meta.get_inode(inode)
+        if stat.S_ISDIR(node.mode):
+            raise FsError(errno.EISDIR)
+        if flags & os.O_TRUNC and node.size:
+            await self.engine.truncate(inode, 0)
+        return pyfuse3.FileInfo(fh=self._new_fh(inode, flags), keep_cache=True)
+
+    @_guard
+    async def create(self, parent_inode, name, mode, flags, ctx):
+        node = self._create(parent_inode, name, stat.S_IFREG | stat.S_IMODE(mode), ctx)
+        fh = self._new_fh(node.ino, flags)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=True), self._entry(node)
+
+    @_guard
+    async def read(self, fh, off, size):
+        return await self.engine.read(self.handles[fh].ino, off, size)
+
+    @_guard
+    async def write(self, fh, off, buf):
+        return await self.engine.write(self.handles[fh].ino, off, buf)
+
+    @_guard
+    async def flush(self, fh):
+        pass
+
+    @_guard
+    async def fsync(self, fh, datasync):
+        await self.engine.fsync(self.handles[fh].ino)
+
+    async def release(self, fh):
+        try:
+            handle = self.handles.pop(fh)
+            left = self.open_count[handle.ino] - 1
+            if left:
+                self.open_count[handle.ino] = left
+            else:
+                del self.open_count[handle.ino]
+                self._maybe_purge(handle.ino)
+        except Exception:
+            log.exception("release failed")
+
+    # ---- directories -------------------------------------------------------------------
+    @_guard
+    async def opendir(self, inode, ctx):
+        node = self.meta.get_inode(inode)
+        if not stat.S_ISDIR(node.mode):
+            raise FsError(errno.ENOTDIR)
+        return self._new_fh(inode, 0)
+
+    @_guard
+    async def readdir(self, fh, start_id, token):
+        ino = self.handles[fh].ino
+        node = self.meta.get_inode(ino)
+        if start_id < 1:
+            if not pyfuse3.readdir_reply(token, b".", self._entry(node), 1):
+                return
+        if start_id < 2:
+            parent = self.meta.get_inode(node.parent or ino)
+            if not pyfuse3.readdir_reply(token, b"..", self._entry(parent), 2):
+                return
+        after = start_id
+        while True:
+            batch = self.meta.readdir(ino, after, 256)
+            if not batch:
+                return
+            children = self.meta.get_inodes(child for _c, _n, child in batch)
+            for (cookie, name, _child), child in zip(batch, children):
+                if not pyfuse3.readdir_reply(token, name, self._entry(child), cookie):
+                    return
+                self._looked_up(child.ino)
+                after = cookie
+
+    async def releasedir(self, fh):
+        await self.release(fh)
+
+    @_guard
+    async def fsyncdir(self, fh, datasync):
+        await trio.to_thread.run_sync(self.meta.sync)
+
+    @_guard
+    async def statfs(self, ctx):
+        st = self.engine.hot.disk_usage()
+        out = pyfuse3.StatvfsData()
+        out.f_bsize = BLKSIZE
+        out.f_frsize = st.f_frsize
+        out.f_blocks = st.f_blocks
+        out.f_bfree = st.f_bfree
+        out.f_bavail = st.f_bavail
+        used = self.meta.inode_count()
+        out.f_files = used + (1 << 32)
+        out.f_ffree = out.f_favail = 1 << 32
+        out.f_namemax = 255
+        return out
+
+    # ---- xattrs --------------------------------------------------------------------------
+    @_guard
+    async def setxattr(self, inode, name, value, ctx):
+        if name.startswith(b"user.tierfs."):
+            raise FsError(errno.EPERM)
+        self.meta.set_xattr(inode, name, value)
+
+    @_guard
+    async def getxattr(self, inode, name, ctx):
+        if name.startswith(b"user.tierfs.") and self.control is not None:
+            value = self.control.virtual_xattr(inode, name)
+            if value is not None:
+                return value
+        value = self.meta.get_xattr(inode, name)
+        if value is None:
+            self.meta.get_inode(inode)  # ENOENT beats ENODATA
+            raise FsError(pyfuse3.ENOATTR)
+        return value
+
+    @_guard
+    async def listxattr(self, inode, ctx):
+        return self.meta.list_xattrs(inode)
+
+    @_guard
+    async def removexattr(self, inode, name, ctx):
+        self.meta.remove_xattr(inode, name)

@@ -1,0 +1,3 @@
+from .store import HotStore
+
+__all__ = ["HotStore"]

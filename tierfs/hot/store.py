@@ -1,0 +1,128 @@
+"""The hot tier: one file per extent in a directory on local NVMe.
+
+Small preads and pwrites run inline on the caller's thread (they hit the page
+cache and are faster than a thread hop); fsync and whole-extent stores are
+meant to be called from worker threads. Open file descriptors are cached.
+"""
+from __future__ import annotations
+
+import collections
+import errno
+import os
+
+from ..errors import FsError
+
+
+class HotStore:
+    def __init__(self, root: str, max_open: int = 2048):
+        self.root = root
+        os.makedirs(root, exist_ok=True)
+        self._fds: collections.OrderedDict[tuple[int, int], int] = collections.OrderedDict()
+        self._max_open = max_open
+
+    def path(self, ino: int, idx: int) -> str:
+        return os.path.join(self.root, f"{ino & 0xff:02x}", f"{ino:x}.{idx:x}")
+
+    def _fd(self, ino: int, idx: int, create: bool) -> int:
+        key = (ino, idx)
+        fd = self._fds.get(key)
+        if fd is not None:
+            self._fds.move_to_end(key)
+            return fd
+        path = self.path(ino, idx)
+        flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+        try:
+            fd = os.open(path, flags, 0o600)
+        except FileNotFoundError:
+            if not create:
+                raise
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd = os.open(path, flags, 0o600)
+        self._fds[key] = fd
+        if len(self._fds) > self._max_open:
+            _, old = self._fds.popitem(last=False)
+            os.close(old)
+        return fd
+
+    def _forget_fd(self, ino: int, idx: int) -> None:
+        fd = self._fds.pop((ino, idx), None)
+        if fd is not None:
+            os.close(fd)
+
+    def pread(self, ino: int, idx: int, offset: int, size: int) -> bytes:
+        """Bytes of an extent file; short at its end. FileNotFoundError if missing."""
+        return os.pread(self._fd(ino, idx, False), size, offset)
+
+    def pwrite(self, ino: int, idx: int, offset: int, data: bytes) -> None:
+        fd = self._fd(ino, idx, True)
+        try:
+            written = os.pwrite(fd, data, offset)
+        except OSError as e:
+            raise FsError(e.errno or errno.EIO, f"hot tier write failed: {e}") from None
+        if written != len(data):
+            raise FsError(errno.ENOSPC, "short write on the hot tier")
+
+    def truncate(self, ino: int, idx: int, length: int) -> None:
+        os.ftruncate(self._fd(ino, idx, True), length)
+
+    def exists(self, ino: int, idx: int) -> bool:
+        return (ino, idx) in self._fds or os.path.exists(self.path(ino, idx))
+
+    def remove(self, ino: int, idx: int) -> None:
+        self._forget_fd(ino, idx)
+        try:
+            os.unlink(self.path(ino, idx))
+        except FileNotFoundError:
+            pass
+
+    def dup_fd(self, ino: int, idx: int) -> int | None:
+        """A private fd for a worker thread (the cache may close its own at any time)."""
+        try:
+            return os.dup(self._fd(ino, idx, False))
+        except FileNotFoundError:
+            return None
+
+    # ---- blocking helpers: run these in worker threads --------------------------
+    def store_whole(self, ino: int, idx: int, data: bytes) -> None:
+        """Atomically install a complete extent (temp file + rename)."""
+        path = self.path(ino, idx)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+
+    def read_whole(self, ino: int, idx: int, length: int) -> bytes:
+        with open(self.path(ino, idx), "rb") as f:
+            return f.read(length)
+
+    @staticmethod
+    def fsync_fd(fd: int) -> None:
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        while self._fds:
+            _, fd = self._fds.popitem()
+            os.close(fd)
+
+    def scan(self):
+        """(ino, idx, size) of every extent file on disk; removes stray temp files."""
+        for sub in os.scandir(self.root):
+            if not sub.is_dir():
+                continue
+            for entry in os.scandir(sub.path):
+                name = entry.name
+                if ".tmp" in name:
+                    os.unlink(entry.path)
+                    continue
+                try:
+                    ino_s, idx_s = name.split(".")
+                    yield int(ino_s, 16), int(idx_s, 16), entry.stat().st_size
+                except ValueError:
+                    continue
+
+    def disk_usage(self) -> os.statvfs_result:
+        return os.statvfs(self.root)

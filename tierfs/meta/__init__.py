@@ -1,0 +1,3 @@
+from .store import MetaStore
+
+__all__ = ["MetaStore"]

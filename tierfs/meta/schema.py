@@ -1,0 +1,208 @@
+"""The whole LMDB key/value schema of tierfs, in one place.
+
+Keys are a one-byte table tag followed by big-endian integers (and raw names),
+so an LMDB prefix scan returns a directory's entries, a file's extents or an
+inode's xattrs in order. Values are struct-packed records whose first byte is a
+record version, so a later format can still read older records.
+
+  tag  key                                   value
+  ---  ------------------------------------  ---------------------------------------------
+  S    b'S'                                  Superblock: format version, extent size, fs id
+  C    b'C' name                             counter (u64): b'ino', b'obj'
+  I    b'I' ino:u64                          Inode (attributes, dir parent, next dir cookie)
+  D    b'D' parent:u64 name                  Dentry: child ino:u64, cookie:u64
+  K    b'K' parent:u64 cookie:u64            name (readdir order; cookies never reused)
+  T    b'T' ino:u64                          symlink target bytes
+  X    b'X' ino:u64 name                     xattr value bytes
+  E    b'E' ino:u64 index:u64                Extent (state bits, length, xxh3, object ref)
+  O    b'O' ino:u64                          b'' : inode unlinked while open, purge at mount
+  G    b'G' object id:u64                    b'' : object to delete from the bucket (gc)
+
+Directory cookies 1 and 2 are '.' and '..'; entries start at 3.
+"""
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, field
+
+FORMAT_VERSION = 1
+FIRST_COOKIE = 3
+ROOT_INO = 1
+
+_U64 = struct.Struct(">Q")
+_U64x2 = struct.Struct(">QQ")
+
+
+def u64(n: int) -> bytes:
+    return _U64.pack(n)
+
+
+def read_u64(b: bytes, offset: int = 0) -> int:
+    return _U64.unpack_from(b, offset)[0]
+
+
+# ---- key builders -------------------------------------------------------------
+SUPERBLOCK_KEY = b"S"
+
+
+def counter_key(name: bytes) -> bytes:
+    return b"C" + name
+
+
+def inode_key(ino: int) -> bytes:
+    return b"I" + _U64.pack(ino)
+
+
+def dentry_key(parent: int, name: bytes) -> bytes:
+    return b"D" + _U64.pack(parent) + name
+
+
+def dentry_prefix(parent: int) -> bytes:
+    return b"D" + _U64.pack(parent)
+
+
+def cookie_key(parent: int, cookie: int) -> bytes:
+    return b"K" + _U64x2.pack(parent, cookie)
+
+
+def cookie_prefix(parent: int) -> bytes:
+    return b"K" + _U64.pack(parent)
+
+
+def symlink_key(ino: int) -> bytes:
+    return b"T" + _U64.pack(ino)
+
+
+def xattr_key(ino: int, name: bytes) -> bytes:
+    return b"X" + _U64.pack(ino) + name
+
+
+def xattr_prefix(ino: int) -> bytes:
+    return b"X" + _U64.pack(ino)
+
+
+def extent_key(ino: int, index: int) -> bytes:
+    return b"E" + _U64x2.pack(ino, index)
+
+
+def extent_prefix(ino: int) -> bytes:
+    return b"E" + _U64.pack(ino)
+
+
+def split_extent_key(key: bytes) -> tuple[int, int]:
+    return _U64x2.unpack_from(key, 1)
+
+
+def orphan_key(ino: int) -> bytes:
+    return b"O" + _U64.pack(ino)
+
+
+def gc_key(obj_id: int) -> bytes:
+    return b"G" + _U64.pack(obj_id)
+
+
+# ---- records ------------------------------------------------------------------
+@dataclass(slots=True)
+class Superblock:
+    fs_id: str
+    extent_size: int
+    format_version: int = FORMAT_VERSION
+    created_ns: int = 0
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {"format": self.format_version, "fs_id": self.fs_id,
+             "extent_size": self.extent_size, "created_ns": self.created_ns},
+            sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> "Superblock":
+        d = json.loads(raw)
+        return cls(fs_id=d["fs_id"], extent_size=d["extent_size"],
+                   format_version=d["format"], created_ns=d.get("created_ns", 0))
+
+
+_INODE_V1 = struct.Struct("<BIIIQIqqqQQQQ")
+
+
+@dataclass(slots=True)
+class Inode:
+    ino: int
+    mode: int
+    uid: int
+    gid: int
+    size: int = 0
+    nlink: int = 1
+    atime_ns: int = 0
+    mtime_ns: int = 0
+    ctime_ns: int = 0
+    rdev: int = 0
+    generation: int = 0
+    parent: int = 0        # directories only: the one parent (for '..')
+    next_cookie: int = FIRST_COOKIE  # directories only
+
+    def encode(self) -> bytes:
+        return _INODE_V1.pack(1, self.mode, self.uid, self.gid, self.size, self.nlink,
+                              self.atime_ns, self.mtime_ns, self.ctime_ns, self.rdev,
+                              self.generation, self.parent, self.next_cookie)
+
+    @classmethod
+    def decode(cls, ino: int, raw: bytes) -> "Inode":
+        (_v, mode, uid, gid, size, nlink, at, mt, ct, rdev, gen, parent,
+         cookie) = _INODE_V1.unpack(raw)
+        return cls(ino, mode, uid, gid, size, nlink, at, mt, ct, rdev, gen, parent, cookie)
+
+
+# Extent state bits
+HOT = 1      # a copy is in the hot tier
+DIRTY = 2    # the hot copy is newer than the bucket (never evicted)
+PINNED = 4   # never evicted (user pin)
+
+_EXTENT_V1 = struct.Struct("<BBIQQQQ")
+
+
+@dataclass(slots=True)
+class Extent:
+    """One fixed-size piece [index*E, (index+1)*E) of a file.
+
+    `length` and `checksum` describe the bytes held in the bucket (set when an
+    upload completes); while DIRTY they describe nothing. The object reference
+    (obj_id, obj_off, obj_len) allows packing several extents into one object.
+    obj_id 0 means the extent was never uploaded.
+    """
+    flags: int = 0
+    length: int = 0
+    checksum: int = 0
+    obj_id: int = 0
+    obj_off: int = 0
+    obj_len: int = 0
+
+    @property
+    def hot(self) -> bool:
+        return bool(self.flags & HOT)
+
+    @property
+    def dirty(self) -> bool:
+        return bool(self.flags & DIRTY)
+
+    @property
+    def pinned(self) -> bool:
+        return bool(self.flags & PINNED)
+
+    def encode(self) -> bytes:
+        return _EXTENT_V1.pack(1, self.flags, self.length, self.checksum,
+                               self.obj_id, self.obj_off, self.obj_len)
+
+    @classmethod
+    def decode(cls, raw: bytes) -> "Extent":
+        _v, flags, length, csum, oid, ooff, olen = _EXTENT_V1.unpack(raw)
+        return cls(flags, length, csum, oid, ooff, olen)
+
+
+def object_name(obj_id: int) -> str:
+    """Bucket key of a data object: ids from a counter, never user paths."""
+    return f"data/{obj_id:016x}"
+
+
+SUPERBLOCK_OBJECT = "tierfs.json"  # bucket key naming the filesystem at a location

@@ -1,0 +1,509 @@
+"""LMDB-backed metadata store: namespace, attributes, extent maps, xattrs.
+
+Every public method runs in its own short transaction and never awaits, so it
+is safe to call from the trio thread; writers are serialised by that thread.
+Errors are FsError with the errno the kernel should see.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import time
+from typing import Callable, Iterable, Iterator
+
+import lmdb
+
+from ..errors import FsError, UserError
+from . import schema as s
+from .schema import Extent, Inode, Superblock
+
+NAME_MAX = 255
+DEFAULT_MAP_SIZE = 1 << 36  # 64 GiB of address space; the file grows as used
+
+
+def now_ns() -> int:
+    return time.time_ns()
+
+
+class MetaStore:
+    def __init__(self, path: str, map_size: int = DEFAULT_MAP_SIZE):
+        os.makedirs(path, exist_ok=True)
+        try:
+            # sync=False: commits reach the OS page cache (survive kill -9);
+            # fsync() and checkpoints call sync() to make them survive power loss.
+            self.env = lmdb.open(path, map_size=map_size, subdir=True, sync=False,
+                                 metasync=False, max_dbs=0, readahead=False)
+        except lmdb.Error as e:
+            raise UserError(f"cannot open metadata database in {path}: {e}") from None
+        self._counters: dict[bytes, int] = {}
+
+    # ---- lifecycle ------------------------------------------------------------
+    def close(self) -> None:
+        self.env.sync(True)
+        self.env.close()
+
+    def sync(self) -> None:
+        """Flush committed transactions to disk (blocking: call from a thread)."""
+        self.env.sync(True)
+
+    def _write(self):
+        return self.env.begin(write=True)
+
+    def _read(self):
+        return self.env.begin(buffers=False)
+
+    def superblock(self) -> Superblock | None:
+        with self._read() as txn:
+            raw = txn.get(s.SUPERBLOCK_KEY)
+        return Superblock.decode(raw) if raw else None
+
+    def format(self, sb: Superblock, uid: int, gid: int) -> None:
+        """Create an empty filesystem: superblock, counters and the root directory."""
+        t = now_ns()
+        root = Inode(s.ROOT_INO, stat.S_IFDIR | 0o755, uid, gid, nlink=2,
+                     atime_ns=t, mtime_ns=t, ctime_ns=t, parent=s.ROOT_INO)
+        with self._write() as txn:
+            txn.put(s.SUPERBLOCK_KEY, sb.encode())
+            txn.put(s.counter_key(b"ino"), s.u64(s.ROOT_INO + 1))
+            txn.put(s.counter_key(b"obj"), s.u64(1))
+            txn.put(s.inode_key(s.ROOT_INO), root.encode())
+
+    def _next(self, txn, name: bytes) -> int:
+        raw = txn.get(s.counter_key(name))
+        value = s.read_u64(raw)
+        txn.put(s.counter_key(name), s.u64(value + 1))
+        return value
+
+    def next_object_id(self) -> int:
+        with self._write() as txn:
+            return self._next(txn, b"obj")
+
+    # ---- inodes ---------------------------------------------------------------
+    def get_inode(self, ino: int) -> Inode:
+        with self._read() as txn:
+            raw = txn.get(s.inode_key(ino))
+        if raw is None:
+            raise FsError(errno.ENOENT)
+        return Inode.decode(ino, raw)
+
+    def _get(self, txn, ino: int) -> Inode:
+        raw = txn.get(s.inode_key(ino))
+        if raw is None:
+            raise FsError(errno.ENOENT)
+        return Inode.decode(ino, raw)
+
+    def put_inode(self, inode: Inode) -> None:
+        with self._write() as txn:
+            txn.put(s.inode_key(inode.ino), inode.encode())
+
+    def inode_count(self) -> int:
+        with self._read() as txn:
+            return s.read_u64(txn.get(s.counter_key(b"ino")))
+
+    # ---- names ----------------------------------------------------------------
+    @staticmethod
+    def _check_name(name: bytes) -> None:
+        if len(name) > NAME_MAX:
+            raise FsError(errno.ENAMETOOLONG)
+        if not name or b"/" in name or name in (b".", b".."):
+            raise FsError(errno.EINVAL)
+
+    def lookup(self, parent: int, name: bytes) -> int:
+        if len(name) > NAME_MAX:
+            raise FsError(errno.ENAMETOOLONG)
+        with self._read() as txn:
+            if name == b".":
+                return parent
+            if name == b"..":
+                return self._get(txn, parent).parent
+            raw = txn.get(s.dentry_key(parent, name))
+        if raw is None:
+            raise FsError(errno.ENOENT)
+        return s.read_u64(raw)
+
+    def _add_entry(self, txn, parent: Inode, name: bytes, ino: int, t: int) -> None:
+        cookie = parent.next_cookie
+        parent.next_cookie += 1
+        parent.mtime_ns = parent.ctime_ns = t
+        txn.put(s.dentry_key(parent.ino, name), s.u64(ino) + s.u64(cookie))
+        txn.put(s.cookie_key(parent.ino, cookie), name)
+
+    def _remove_entry(self, txn, parent: Inode, name: bytes, t: int) -> None:
+        raw = txn.pop(s.dentry_key(parent.ino, name))
+        txn.delete(s.cookie_key(parent.ino, s.read_u64(raw, 8)))
+        parent.mtime_ns = parent.ctime_ns = t
+
+    def _dir_for_change(self, txn, parent_ino: int) -> Inode:
+        parent = self._get(txn, parent_ino)
+        if not stat.S_ISDIR(parent.mode):
+            raise FsError(errno.ENOTDIR)
+        if parent.nlink == 0:
+            raise FsError(errno.ENOENT)  # directory was removed while we held it
+        return parent
+
+    def create_node(self, parent_ino: int, name: bytes, mode: int, uid: int, gid: int,
+                    rdev: int = 0, target: bytes | None = None) -> Inode:
+        """Create a file, directory, symlink or special node in one transaction."""
+        self._check_name(name)
+        t = now_ns()
+        with self._write() as txn:
+            parent = self._dir_for_change(txn, parent_ino)
+            if txn.get(s.dentry_key(parent_ino, name)) is not None:
+                raise FsError(errno.EEXIST)
+            if parent.mode & stat.S_ISGID:  # BSD group semantics of setgid dirs
+                gid = parent.gid
+                if stat.S_ISDIR(mode):
+                    mode |= stat.S_ISGID
+            ino = self._next(txn, b"ino")
+            node = Inode(ino, mode, uid, gid, size=0, nlink=1, atime_ns=t, mtime_ns=t,
+                         ctime_ns=t, rdev=rdev, generation=0)
+            if stat.S_ISDIR(mode):
+                node.nlink = 2
+                node.parent = parent_ino
+                parent.nlink += 1
+            if target is not None:
+                node.size = len(target)
+                txn.put(s.symlink_key(ino), target)
+            self._add_entry(txn, parent, name, ino, t)
+            txn.put(s.inode_key(ino), node.encode())
+            txn.put(s.inode_key(parent_ino), parent.encode())
+        return node
+
+    def link(self, ino: int, parent_ino: int, name: bytes) -> Inode:
+        self._check_name(name)
+        t = now_ns()
+        with self._write() as txn:
+            parent = self._dir_for_change(txn, parent_ino)
+            node = self._get(txn, ino)
+            if stat.S_ISDIR(node.mode):
+                raise FsError(errno.EPERM)
+            if txn.get(s.dentry_key(parent_ino, name)) is not None:
+                raise FsError(errno.EEXIST)
+            if node.nlink >= 0xFFFFFFFF:
+                raise FsError(errno.EMLINK)
+            node.nlink += 1
+            node.ctime_ns = t
+            self._add_entry(txn, parent, name, ino, t)
+            txn.put(s.inode_key(ino), node.encode())
+            txn.put(s.inode_key(parent_ino), parent.encode())
+        return node
+
+    def readlink(self, ino: int) -> bytes:
+        with self._read() as txn:
+            target = txn.get(s.symlink_key(ino))
+        if target is None:
+            raise FsError(errno.EINVAL)
+        return target
+
+    def _drop_link(self, txn, node: Inode, t: int, in_use: Callable[[int], bool]) -> bool:
+        """One name of `node` is gone: update nlink; purge or orphan at zero.
+        Returns True if the inode's data must be purged now (caller frees hot files)."""
+        if stat.S_ISDIR(node.mode):
+            node.nlink = 0
+        else:
+            node.nlink -= 1
+        node.ctime_ns = t
+        if node.nlink > 0:
+            txn.put(s.inode_key(node.ino), node.encode())
+            return False
+        if in_use(node.ino):
+            txn.put(s.inode_key(node.ino), node.encode())
+            txn.put(s.orphan_key(node.ino), b"")
+            return False
+        self._purge(txn, node.ino)
+        return True
+
+    def unlink(self, parent_ino: int, name: bytes,
+               in_use: Callable[[int], bool]) -> tuple[int, bool]:
+        """Remove a non-directory name. Returns (ino, purged)."""
+        if len(name) > NAME_MAX:
+            raise FsError(errno.ENAMETOOLONG)
+        t = now_ns()
+        with self._write() as txn:
+            parent = self._dir_for_change(txn, parent_ino)
+            raw = txn.get(s.dentry_key(parent_ino, name))
+            if raw is None:
+                raise FsError(errno.ENOENT)
+            node = self._get(txn, s.read_u64(raw))
+            if stat.S_ISDIR(node.mode):
+                raise FsError(errno.EISDIR)
+            self._remove_entry(txn, parent, name, t)
+            txn.put(s.inode_key(parent_ino), parent.encode())
+            purged = self._drop_link(txn, node, t, in_use)
+        return node.ino, purged
+
+    def _is_empty_dir(self, txn, ino: int) -> bool:
+        cur = txn.cursor()
+        prefix = s.dentry_prefix(ino)
+        return not (cur.set_range(prefix) and cur.key().startswith(prefix))
+
+    def rmdir(self, parent_ino: int, name: bytes,
+              in_use: Callable[[int], bool]) -> tuple[int, bool]:
+        if len(name) > NAME_MAX:
+            raise FsError(errno.ENAMETOOLONG)
+        if name == b".":
+            raise FsError(errno.EINVAL)
+        if name == b"..":
+            raise FsError(errno.ENOTEMPTY)
+        t = now_ns()
+        with self._write() as txn:
+            parent = self._dir_for_change(txn, parent_ino)
+            raw = txn.get(s.dentry_key(parent_ino, name))
+            if raw is None:
+                raise FsError(errno.ENOENT)
+            node = self._get(txn, s.read_u64(raw))
+            if not stat.S_ISDIR(node.mode):
+                raise FsError(errno.ENOTDIR)
+            if not self._is_empty_dir(txn, node.ino):
+                raise FsError(errno.ENOTEMPTY)
+            self._remove_entry(txn, parent, name, t)
+            parent.nlink -= 1
+            txn.put(s.inode_key(parent_ino), parent.encode())
+            purged = self._drop_link(txn, node, t, in_use)
+        return node.ino, purged
+
+    def _is_ancestor(self, txn, maybe_ancestor: int, ino: int) -> bool:
+        """True if `maybe_ancestor` is `ino` or one of its parents."""
+        while True:
+            if ino == maybe_ancestor:
+                return True
+            if ino == s.ROOT_INO:
+                return False
+            ino = self._get(txn, ino).parent
+
+    def rename(self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes,
+               flags: int, in_use: Callable[[int], bool],
+               noreplace: int, exchange: int) -> tuple[int | None, bool]:
+        """rename(2) with RENAME_NOREPLACE / RENAME_EXCHANGE.
+        Returns (ino of a replaced target or None, whether it was purged)."""
+        self._check_name(new_name)
+        if len(old_name) > NAME_MAX:
+            raise FsError(errno.ENAMETOOLONG)
+        t = now_ns()
+        with self._write() as txn:
+            src_dir = self._dir_for_change(txn, old_parent)
+            dst_dir = src_dir if new_parent == old_parent else self._dir_for_change(txn, new_parent)
+            raw = txn.get(s.dentry_key(old_parent, old_name))
+            if raw is None:
+                raise FsError(errno.ENOENT)
+            src = self._get(txn, s.read_u64(raw))
+            raw_dst = txn.get(s.dentry_key(new_parent, new_name))
+            dst = self._get(txn, s.read_u64(raw_dst)) if raw_dst is not None else None
+            if dst is not None and dst.ino == src.ino:
+                return None, False  # same file: POSIX says do nothing
+            if flags & noreplace and dst is not None:
+                raise FsError(errno.EEXIST)
+            if flags & exchange:
+                if dst is None:
+                    raise FsError(errno.ENOENT)
+                return self._exchange(txn, src_dir, old_name, src, dst_dir, new_name, dst, t)
+            src_is_dir = stat.S_ISDIR(src.mode)
+            if src_is_dir and new_parent != old_parent and self._is_ancestor(txn, src.ino, new_parent):
+                raise FsError(errno.EINVAL)
+            if dst is not None:
+                if stat.S_ISDIR(dst.mode):
+                    if not src_is_dir:
+                        raise FsError(errno.EISDIR)
+                    if not self._is_empty_dir(txn, dst.ino):
+                        raise FsError(errno.ENOTEMPTY)
+                elif src_is_dir:
+                    raise FsError(errno.ENOTDIR)
+            self._remove_entry(txn, src_dir, old_name, t)
+            purged = False
+            if dst is not None:
+                self._remove_entry(txn, dst_dir, new_name, t)
+                if stat.S_ISDIR(dst.mode):
+                    dst_dir.nlink -= 1
+                purged = self._drop_link(txn, dst, t, in_use)
+            self._add_entry(txn, dst_dir, new_name, src.ino, t)
+            if src_is_dir and new_parent != old_parent:
+                src.parent = new_parent
+                src_dir.nlink -= 1
+                dst_dir.nlink += 1
+            src.ctime_ns = t
+            txn.put(s.inode_key(src.ino), src.encode())
+            txn.put(s.inode_key(src_dir.ino), src_dir.encode())
+            if dst_dir is not src_dir:
+                txn.put(s.inode_key(dst_dir.ino), dst_dir.encode())
+        return (dst.ino if dst is not None else None), purged
+
+    def _exchange(self, txn, src_dir, old_name, src, dst_dir, new_name, dst, t):
+        if src_dir.ino != dst_dir.ino:
+            for moving, into in ((src, dst_dir), (dst, src_dir)):
+                if stat.S_ISDIR(moving.mode) and self._is_ancestor(txn, moving.ino, into.ino):
+                    raise FsError(errno.EINVAL)
+        # Keep both cookies; just swap which inode each name points at.
+        for d, name, ino in ((src_dir, old_name, dst.ino), (dst_dir, new_name, src.ino)):
+            key = s.dentry_key(d.ino, name)
+            cookie = txn.get(key)[8:]
+            txn.put(key, s.u64(ino) + cookie)
+            d.mtime_ns = d.ctime_ns = t
+        if src_dir.ino != dst_dir.ino:
+            for moving, into, out_of in ((src, dst_dir, src_dir), (dst, src_dir, dst_dir)):
+                if stat.S_ISDIR(moving.mode):
+                    moving.parent = into.ino
+                    into.nlink += 1
+                    out_of.nlink -= 1
+        src.ctime_ns = dst.ctime_ns = t
+        for node in (src, dst, src_dir, dst_dir):
+            txn.put(s.inode_key(node.ino), node.encode())
+        return None, False
+
+    def readdir(self, ino: int, after_cookie: int, limit: int = 1024) -> list[tuple[int, bytes, int]]:
+        """Entries of a directory with cookie > after_cookie: (cookie, name, child ino)."""
+        out = []
+        prefix = s.cookie_prefix(ino)
+        with self._read() as txn:
+            cur = txn.cursor()
+            if not cur.set_range(s.cookie_key(ino, max(after_cookie + 1, s.FIRST_COOKIE))):
+                return out
+            for key, name in cur:
+                if not key.startswith(prefix) or len(out) >= limit:
+                    break
+                cookie = s.read_u64(key, 9)
+                child = txn.get(s.dentry_key(ino, name))
+                out.append((cookie, name, s.read_u64(child)))
+        return out
+
+    def get_inodes(self, inos: Iterable[int]) -> list[Inode]:
+        with self._read() as txn:
+            return [self._get(txn, i) for i in inos]
+
+    # ---- orphans and purge ----------------------------------------------------
+    def _purge(self, txn, ino: int) -> None:
+        """Delete an inode and everything hanging off it; its objects go to gc."""
+        txn.delete(s.inode_key(ino))
+        txn.delete(s.symlink_key(ino))
+        txn.delete(s.orphan_key(ino))
+        for prefix in (s.xattr_prefix(ino), s.extent_prefix(ino)):
+            cur = txn.cursor()
+            keys = []
+            if cur.set_range(prefix):
+                for key, val in cur:
+                    if not key.startswith(prefix):
+                        break
+                    keys.append(key)
+                    if prefix[0:1] == b"E":
+                        ext = Extent.decode(val)
+                        if ext.obj_id:
+                            txn.put(s.gc_key(ext.obj_id), b"")
+            for key in keys:
+                txn.delete(key)
+
+    def purge_orphan(self, ino: int) -> bool:
+        """Purge an unlinked inode once nothing uses it. Returns True if purged."""
+        with self._write() as txn:
+            if txn.get(s.orphan_key(ino)) is None:
+                return False
+            self._purge(txn, ino)
+        return True
+
+    def orphans(self) -> list[int]:
+        return [s.read_u64(k, 1) for k in self._keys(b"O")]
+
+    def _keys(self, prefix: bytes) -> list[bytes]:
+        with self._read() as txn:
+            cur = txn.cursor()
+            out = []
+            if cur.set_range(prefix):
+                for key in cur.iternext(keys=True, values=False):
+                    if not key.startswith(prefix):
+                        break
+                    out.append(key)
+            return out
+
+    # ---- xattrs ---------------------------------------------------------------
+    def get_xattr(self, ino: int, name: bytes) -> bytes | None:
+        with self._read() as txn:
+            return txn.get(s.xattr_key(ino, name))
+
+    def set_xattr(self, ino: int, name: bytes, value: bytes, flags: int = 0) -> None:
+        with self._write() as txn:
+            node = self._get(txn, ino)
+            key = s.xattr_key(ino, name)
+            exists = txn.get(key) is not None
+            if flags & os.XATTR_CREATE and exists:
+                raise FsError(errno.EEXIST)
+            if flags & os.XATTR_REPLACE and not exists:
+                raise FsError(errno.ENODATA)
+            txn.put(key, value)
+            node.ctime_ns = now_ns()
+            txn.put(s.inode_key(ino), node.encode())
+
+    def list_xattrs(self, ino: int) -> list[bytes]:
+        prefix = s.xattr_prefix(ino)
+        return [k[len(prefix):] for k in self._keys(prefix)]
+
+    def remove_xattr(self, ino: int, name: bytes) -> None:
+        with self._write() as txn:
+            node = self._get(txn, ino)
+            if not txn.delete(s.xattr_key(ino, name)):
+                raise FsError(errno.ENODATA)
+            node.ctime_ns = now_ns()
+            txn.put(s.inode_key(ino), node.encode())
+
+    # ---- extents --------------------------------------------------------------
+    def get_extents(self, ino: int, first: int, last: int) -> tuple[Inode, dict[int, Extent]]:
+        """The inode and its extent records with first <= index <= last."""
+        out = {}
+        with self._read() as txn:
+            node = self._get(txn, ino)
+            if first == last:
+                raw = txn.get(s.extent_key(ino, first))
+                if raw is not None:
+                    out[first] = Extent.decode(raw)
+                return node, out
+            cur = txn.cursor()
+            end = s.extent_key(ino, last)
+            if cur.set_range(s.extent_key(ino, first)):
+                for key, val in cur:
+                    if key > end:
+                        break
+                    out[s.read_u64(key, 9)] = Extent.decode(val)
+        return node, out
+
+    def all_extents(self, ino: int) -> dict[int, Extent]:
+        return self.get_extents(ino, 0, (1 << 64) - 1)[1]
+
+    def iter_extents(self) -> Iterator[tuple[int, int, Extent]]:
+        """Every extent of the filesystem (one read transaction, for startup scans)."""
+        with self._read() as txn:
+            cur = txn.cursor()
+            if cur.set_range(b"E"):
+                for key, val in cur:
+                    if key[:1] != b"E":
+                        break
+                    ino, idx = s.split_extent_key(key)
+                    yield ino, idx, Extent.decode(val)
+
+    def update(self, inode: Inode | None, extents: dict[tuple[int, int], Extent | None] = {},
+               gc_objects: Iterable[int] = ()) -> None:
+        """Write an inode and extent records (None deletes) in one transaction."""
+        with self._write() as txn:
+            if inode is not None:
+                txn.put(s.inode_key(inode.ino), inode.encode())
+            for (ino, idx), ext in extents.items():
+                if ext is None:
+                    txn.delete(s.extent_key(ino, idx))
+                else:
+                    txn.put(s.extent_key(ino, idx), ext.encode())
+            for obj in gc_objects:
+                txn.put(s.gc_key(obj), b"")
+
+    def put_extent_if(self, ino: int, idx: int, expect: Extent, new: Extent) -> bool:
+        """Compare-and-set an extent record (used after an await)."""
+        with self._write() as txn:
+            raw = txn.get(s.extent_key(ino, idx))
+            if raw is None or Extent.decode(raw) != expect:
+                return False
+            txn.put(s.extent_key(ino, idx), new.encode())
+            return True
+
+    def gc_pending(self) -> list[int]:
+        return [s.read_u64(k, 1) for k in self._keys(b"G")]
+
+    def gc_done(self, obj_ids: Iterable[int]) -> None:
+        with self._write() as txn:
+            for obj in obj_ids:
+                txn.delete(s.gc_key(obj))

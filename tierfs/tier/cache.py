@@ -1,0 +1,122 @@
+"""In-memory index of the hot tier: which extents are hot, their sizes, LRU order
+of the evictable ones, and the dirty set with write generations.
+
+Pure bookkeeping, no I/O: the engine keeps it in step with the metadata.
+"""
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass
+
+Key = tuple[int, int]  # (ino, extent index)
+
+
+@dataclass(slots=True)
+class DirtyInfo:
+    gen: int          # bumped on every write; an upload only cleans the gen it read
+    last_write: float  # monotonic seconds
+
+
+class HotIndex:
+    def __init__(self):
+        self.sizes: dict[Key, int] = {}
+        self.by_ino: dict[int, set[int]] = {}
+        # Evictable extents (clean, unpinned), least recently used first.
+        self.lru: collections.OrderedDict[Key, None] = collections.OrderedDict()
+        self.dirty: dict[Key, DirtyInfo] = {}
+        self.pinned: set[Key] = set()
+        self.total = 0
+        self.dirty_bytes = 0
+
+    def add(self, key: Key, size: int, *, dirty: bool, pinned: bool = False) -> None:
+        self.remove(key)
+        self.sizes[key] = size
+        self.by_ino.setdefault(key[0], set()).add(key[1])
+        self.total += size
+        if pinned:
+            self.pinned.add(key)
+        if dirty:
+            self.dirty[key] = DirtyInfo(1, 0.0)
+            self.dirty_bytes += size
+        elif not pinned:
+            self.lru[key] = None
+
+    def remove(self, key: Key) -> None:
+        size = self.sizes.pop(key, None)
+        if size is None:
+            return
+        self.total -= size
+        idxs = self.by_ino.get(key[0])
+        if idxs is not None:
+            idxs.discard(key[1])
+            if not idxs:
+                del self.by_ino[key[0]]
+        self.lru.pop(key, None)
+        self.pinned.discard(key)
+        if self.dirty.pop(key, None) is not None:
+            self.dirty_bytes -= size
+
+    def grow(self, key: Key, size: int) -> None:
+        """An extent file grew to `size` bytes (writes)."""
+        old = self.sizes.get(key, 0)
+        if size > old:
+            self.sizes[key] = size
+            self.total += size - old
+            if key in self.dirty:
+                self.dirty_bytes += size - old
+
+    def set_size(self, key: Key, size: int) -> None:
+        old = self.sizes.get(key)
+        if old is None:
+            return
+        self.sizes[key] = size
+        self.total += size - old
+        if key in self.dirty:
+            self.dirty_bytes += size - old
+
+    def written(self, key: Key, end: int) -> None:
+        """Record a write into the extent file up to byte `end`."""
+        if key not in self.sizes:
+            self.add(key, end, dirty=True, pinned=False)
+        else:
+            self.grow(key, end)
+            if key not in self.dirty:
+                self.lru.pop(key, None)
+                self.dirty[key] = DirtyInfo(0, 0.0)
+                self.dirty_bytes += self.sizes[key]
+        info = self.dirty[key]
+        info.gen += 1
+        info.last_write = time.monotonic()
+
+    def cleaned(self, key: Key, gen: int) -> bool:
+        """An upload of generation `gen` finished; clean unless written since."""
+        info = self.dirty.get(key)
+        if info is None or info.gen != gen:
+            return False
+        del self.dirty[key]
+        self.dirty_bytes -= self.sizes.get(key, 0)
+        if key not in self.pinned:
+            self.lru[key] = None
+        return True
+
+    def touch(self, key: Key) -> None:
+        if key in self.lru:
+            self.lru.move_to_end(key)
+
+    def set_pinned(self, key: Key, pinned: bool) -> None:
+        if key not in self.sizes:
+            return
+        if pinned:
+            self.pinned.add(key)
+            self.lru.pop(key, None)
+        else:
+            self.pinned.discard(key)
+            if key not in self.dirty:
+                self.lru[key] = None
+
+    def indices(self, ino: int) -> list[int]:
+        return sorted(self.by_ino.get(ino, ()))
+
+    def is_hot(self, key: Key) -> bool:
+        return key in self.sizes
