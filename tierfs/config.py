@@ -38,6 +38,7 @@ class MountConfig:
     min_free: int = 1 << 30             # keep this much free on the NVMe
     upload_delay: float = 5.0           # seconds after the last write
     upload_parallel: int = 8
+    unmount_upload_timeout: float = 60.0  # seconds unmount spends uploading dirty data
     attr_timeout: float = 60.0
     allow_other: bool | None = None     # None: on when running as root
     default_permissions: bool = True

@@ -41,6 +41,8 @@ def check_mountpoint(path: str) -> list[str]:
     notes = []
     path = os.path.abspath(path)
     try:
+        if mounts().get(path, "").startswith("fuse"):
+            os.statvfs(path)  # never answered from kernel caches: ENOTCONN if dead
         st = os.stat(path)
     except FileNotFoundError:
         raise UserError(f"mount point {path} does not exist: create it with mkdir -p {path}") from None

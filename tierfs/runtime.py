@@ -24,7 +24,10 @@ from .meta import MetaStore
 from .meta.schema import FORMAT_VERSION, SUPERBLOCK_OBJECT, Superblock
 from .mountpoint import check_fuse_available, check_mountpoint
 from .tier.engine import Engine
+from .tier.gc import GarbageCollector
+from .tier.space import Space
 from .tier.stats import Stats
+from .tier.uploader import Uploader
 
 log = logging.getLogger("tierfs")
 
@@ -133,6 +136,12 @@ class Daemon:
         for ino in self.meta.orphans():  # unlinked while open when the daemon stopped
             if self.meta.purge_orphan(ino):
                 self.engine.drop_inode(ino)
+        self.space = Space(self.engine, cache_size=cfg.cache_size, min_free=cfg.min_free,
+                           policy=cfg.cache_policy)
+        self.engine.space = self.space
+        self.uploader = Uploader(self.engine, self.space, delay=cfg.upload_delay,
+                                 parallel=cfg.upload_parallel)
+        self.gc = GarbageCollector(self.engine)
         self.control = Control(self)
         self.ops = Operations(self.meta, self.engine, timeout=cfg.attr_timeout,
                               control=self.control)
@@ -162,11 +171,36 @@ class Daemon:
             nursery.start_soon(self._signals, nursery)
             nursery.start_soon(self._announce_ready, on_ready)
             nursery.start_soon(self.control.serve, os.path.join(self.cfg.cache_dir, "control.sock"))
-            await self.control.start_background(nursery)
+            nursery.start_soon(self._background)
             await pyfuse3.main()
             log.info("FUSE session ended; shutting down")
             nursery.cancel_scope.cancel()
-        await self.control.final_flush()
+        await self._final_flush()
+
+    async def _background(self) -> None:
+        async with trio.open_nursery() as nursery:
+            self.engine.nursery = nursery
+            nursery.start_soon(self.uploader.run)
+            nursery.start_soon(self.gc.run)
+
+    async def _final_flush(self) -> None:
+        """After the kernel let go: make local state durable, then try to upload
+        what is dirty for a bounded time (the rest uploads on the next mount)."""
+        await self.engine.sync_all()
+        if not self.engine.index.dirty:
+            await self.gc.collect()
+            return
+        log.info("uploading %d dirty extents before exit", len(self.engine.index.dirty))
+        with trio.move_on_after(self.cfg.unmount_upload_timeout):
+            async with trio.open_nursery() as nursery:
+                self.engine.nursery = nursery
+                nursery.start_soon(self.uploader.run)
+                await self.uploader.flush(None)
+                await self.gc.collect()
+                nursery.cancel_scope.cancel()
+        if self.engine.index.dirty:
+            log.warning("%d extents still dirty at exit; they upload on the next mount",
+                        len(self.engine.index.dirty))
 
     async def _announce_ready(self, on_ready) -> None:
         # The mount answers only once pyfuse3.main runs; stat it from a thread.

@@ -9,6 +9,7 @@ import sys
 from .. import __version__
 from ..config import MountConfig, format_size, parse_size
 from ..errors import UserError
+from . import tiering
 
 
 def _add_mount_parser(sub) -> None:
@@ -82,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", metavar="PATH", nargs="?", default=".",
                    help="mount point or a path inside it (default: the current directory)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    tiering.add_parsers(sub)
     return parser
 
 
@@ -99,15 +101,32 @@ def cmd_status(args) -> int:
     print(f"mount        {out['mountpoint']}  ->  {out['cold']}")
     print(f"hot          {format_size(out['hot_bytes'])} in {out['hot_extents']} extents")
     print(f"dirty        {format_size(out['dirty_bytes'])} in {out['dirty_extents']} extents")
-    print(f"pinned       {out['pinned_extents']} extents")
+    print(f"pinned       {format_size(out['pinned_bytes'])}")
+    print(f"cache        limit {format_size(out['cache_limit'])}, policy {out['cache_policy']}")
+    print(f"uploads      backlog {format_size(out['upload_backlog_bytes'])}, oldest "
+          f"{out['upload_backlog_age_s']:.1f}s, in flight {out['uploads_in_flight']}")
+    hit = out["hit_rate"]
+    print(f"hit rate     {'-' if hit is None else f'{hit * 100:.1f}%'} of bytes read")
     if "file" in out:
         f = out["file"]
         print(f"file         {path}: {format_size(f['size'])}, hot {format_size(f['hot'])}, "
               f"cold {format_size(f['cold'])}, dirty {format_size(f['dirty'])}")
-        for e in f["extents"]:
-            flags = ("dirty " if e["dirty"] else "") + ("pinned" if e["pinned"] else "")
-            print(f"  extent {e['index']:>6}  {e['where']:<9} {flags}")
+        for first, last, state in _runs(f["extents"]):
+            span = f"{first}" if first == last else f"{first}-{last}"
+            print(f"  extents {span:<13} {state}")
     return 0
+
+
+def _runs(extents: list[dict]):
+    """Group consecutive extents in the same state: (first, last, state)."""
+    runs = []
+    for e in extents:
+        state = " ".join([e["where"]] + [w for w in ("dirty", "pinned") if e[w]])
+        if runs and runs[-1][2] == state and runs[-1][1] == e["index"] - 1:
+            runs[-1][1] = e["index"]
+        else:
+            runs.append([e["index"], e["index"], state])
+    return runs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,9 +146,14 @@ def main(argv: list[str] | None = None) -> int:
             return umount(args.mountpoint)
         if args.command == "status":
             return cmd_status(args)
+        if args.command in tiering.COMMANDS:
+            return tiering.COMMANDS[args.command](args)
     except UserError as e:
         print(f"tierfs: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # output piped into head & co.
+        sys.stderr.close()
+        return 0
     return 2

@@ -13,11 +13,13 @@ import json
 import logging
 import os
 import socket
+import time
 
 import trio
 
 from ..errors import FsError, TierfsError
 from ..fs.ops import CONTROL_XATTR, STATE_XATTR
+from ..tier import actions
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +30,10 @@ class Control:
         self.engine = daemon.engine
         self.meta = daemon.meta
         self.socket_path = os.path.join(daemon.cfg.cache_dir, "control.sock")
-        self.commands = {"status": self.cmd_status, "ping": self.cmd_ping}
+        self.commands = {"status": self.cmd_status, "ping": self.cmd_ping,
+                         "sync": self.cmd_sync, "prefetch": self.cmd_prefetch,
+                         "release": self.cmd_release, "pin": self.cmd_pin,
+                         "unpin": self.cmd_unpin}
 
     # ---- virtual xattrs ------------------------------------------------------------
     def virtual_xattr(self, ino: int, name: bytes) -> bytes | None:
@@ -67,15 +72,52 @@ class Control:
         return {"pid": os.getpid()}
 
     async def cmd_status(self, req, reply):
+        d = self.daemon
         index = self.engine.index
         st = self.engine.stats.snapshot()
-        out = {"mountpoint": self.daemon.cfg.mountpoint, "cold": self.daemon.cold.describe(),
+        hot_b, cold_b = st.get("hot_read_bytes", 0), st.get("miss_read_bytes", 0)
+        oldest = min((i.last_write for i in index.dirty.values()), default=None)
+        out = {"mountpoint": d.cfg.mountpoint, "cold": d.cold.describe(),
+               "cache_dir": d.cfg.cache_dir, "extent_size": self.engine.E,
                "hot_bytes": index.total, "dirty_bytes": index.dirty_bytes,
-               "dirty_extents": len(index.dirty), "hot_extents": len(index.sizes),
-               "pinned_extents": len(index.pinned), "counters": st}
+               "hot_extents": len(index.sizes), "dirty_extents": len(index.dirty),
+               "pinned_bytes": sum(index.sizes.get(k, 0) for k in index.pinned),
+               "cache_limit": d.space.high, "cache_policy": d.space.policy,
+               "upload_backlog_bytes": index.dirty_bytes,
+               "upload_backlog_age_s": round(time.monotonic() - oldest, 3) if oldest else 0,
+               "uploads_in_flight": len(d.uploader.in_flight),
+               "hit_rate": round(hot_b / (hot_b + cold_b), 4) if hot_b + cold_b else None,
+               "counters": st}
         if req.get("ino"):
             out["file"] = self.file_state(int(req["ino"]))
         return out
+
+    async def cmd_sync(self, req, reply):
+        inos = set(req["inos"]) if req.get("inos") is not None else None
+        before = self.engine.index.dirty_bytes
+        await self.engine.sync_all()
+        if req.get("wait"):
+            await self.daemon.uploader.flush(inos)
+        else:
+            self.daemon.uploader.urgent = (self.daemon.uploader.urgent or set()) | (inos or set())
+            if inos is None:
+                self.daemon.space.need_upload.set()
+            self.daemon.uploader.kick()
+        return {"dirty_bytes_before": before, "dirty_bytes": self.engine.index.dirty_bytes}
+
+    async def cmd_prefetch(self, req, reply):
+        return await actions.prefetch(self.engine, int(req["ino"]), int(req.get("parallel", 8)))
+
+    async def cmd_release(self, req, reply):
+        return actions.release(self.engine, int(req["ino"]))
+
+    async def cmd_pin(self, req, reply):
+        ino = int(req["ino"])
+        fetched = await actions.prefetch(self.engine, ino)
+        return {"pinned": actions.set_pinned(self.engine, ino, True), **fetched}
+
+    async def cmd_unpin(self, req, reply):
+        return {"unpinned": actions.set_pinned(self.engine, int(req["ino"]), False)}
 
     # ---- server ------------------------------------------------------------------------
     async def serve(self, path: str) -> None:
@@ -121,9 +163,3 @@ class Control:
         except Exception:
             log.exception("control request failed")
 
-    # ---- background work ----------------------------------------------------------------
-    async def start_background(self, nursery) -> None:
-        """Start the tiering tasks (uploader, evictor, gc) in the daemon's nursery."""
-
-    async def final_flush(self) -> None:
-        await self.engine.sync_all()

@@ -37,8 +37,12 @@ class Engine:
         self.s3_limiter = trio.CapacityLimiter(s3_threads)
         self.io_limiter = trio.CapacityLimiter(io_threads)
         self._fetching: dict[Key, trio.Event] = {}
+        self.busy: set[Key] = set()  # extents being changed: never evicted meanwhile
         self._unsynced: dict[int, set[int]] = {}
         self.space = None  # set by the tiering layer: awaits room on the hot tier
+        self.nursery = None  # set once background tasks run: readahead lives there
+        self.readahead_max = 16  # extents ahead of a sequential reader
+        self._streams: dict[int, list[int]] = {}  # ino -> [next offset, window, last idx]
 
     # ---- startup ----------------------------------------------------------------
     def load_index(self) -> list[str]:
@@ -95,14 +99,51 @@ class Engine:
                     self.stats.inc("hot_read_bytes", n)
                 except FileNotFoundError:
                     chunk = (await self._hot_file_lost(ino, idx))[pos - start:pos - start + n]
+                    self.stats.inc("miss_read_bytes", n)
             else:
                 data = await self.fetch(ino, idx)
                 chunk = data[pos - start:pos - start + n]
+                self.stats.inc("miss_read_bytes", n)
             if len(chunk) < n:
                 chunk = bytes(chunk) + bytes(n - len(chunk))
             parts.append(chunk)
             pos += n
+        self._readahead(ino, off, end, node.size)
         return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _readahead(self, ino: int, off: int, end: int, size: int) -> None:
+        """Sequential readers get the next extents fetched in parallel, with a
+        window that doubles each time the reader enters a new extent."""
+        if self.nursery is None:
+            return
+        stream = self._streams.get(ino)
+        if stream is None or stream[0] != off:
+            if len(self._streams) > 4096:
+                self._streams.clear()
+            stream = self._streams[ino] = [end, 1, (end - 1) // self.E]
+            if off != 0:
+                return
+        stream[0] = end
+        idx = (end - 1) // self.E
+        if idx == stream[2] and off != 0:
+            return
+        stream[2] = idx
+        window = stream[1]
+        stream[1] = min(window * 2, self.readahead_max)
+        last = min(idx + window, (size - 1) // self.E)
+        if last <= idx:
+            return
+        _n, exts = self.meta.get_extents(ino, idx + 1, last)
+        for i, ext in exts.items():
+            if not ext.hot and (ino, i) not in self._fetching:
+                self.nursery.start_soon(self._prefetch_quietly, ino, i)
+
+    async def _prefetch_quietly(self, ino: int, idx: int) -> None:
+        try:
+            await self.fetch(ino, idx)
+            self.stats.inc("readahead_extents")
+        except Exception as e:  # the reader will see the error if it gets there
+            log.debug("readahead of inode %d extent %d failed: %s", ino, idx, e)
 
     async def _hot_file_lost(self, ino: int, idx: int) -> bytes:
         """A hot extent file vanished behind our back: refetch if clean, else EIO."""
@@ -119,8 +160,10 @@ class Engine:
         self.meta.update(None, {(ino, idx): replace(ext, flags=ext.flags & ~HOT)})
         return await self.fetch(ino, idx)
 
-    async def fetch(self, ino: int, idx: int) -> bytes:
-        """Bring one extent hot from the bucket (single-flight) and return its bytes."""
+    async def fetch(self, ino: int, idx: int, for_write: bool = False) -> bytes:
+        """Bring one extent hot from the bucket (single-flight) and return its bytes.
+        A fetch for a write always installs the extent (waiting for room); a
+        fetch for a read may be served uncached when the cache policy says so."""
         key = (ino, idx)
         while True:
             _node, exts = self.meta.get_extents(ino, idx, idx)
@@ -140,7 +183,11 @@ class Engine:
         try:
             data = await self.get_verified(ext)
             if self.space is not None:
-                await self.space.reserve(len(data))
+                if for_write:
+                    await self.space.reserve(len(data))
+                elif not self.space.admit_fetch(len(data)):
+                    self.stats.inc("fetch_not_cached")
+                    return data  # policy keeps the hot tier as it is: serve uncached
             await trio.to_thread.run_sync(self.hot.store_whole, ino, idx, data,
                                           limiter=self.io_limiter)
             self.hot._forget_fd(ino, idx)
@@ -185,10 +232,11 @@ class Engine:
         return data
 
     async def ensure_hot(self, ino: int, idx: int) -> None:
+        """Make an extent hot before changing it in place."""
         _node, exts = self.meta.get_extents(ino, idx, idx)
         ext = exts.get(idx)
         if ext is not None and not ext.hot:
-            await self.fetch(ino, idx)
+            await self.fetch(ino, idx, for_write=True)
 
     # ---- writes ---------------------------------------------------------------------
     async def write(self, ino: int, off: int, data) -> int:
@@ -198,16 +246,12 @@ class Engine:
             return 0
         end = off + length
         first, last = off // E, (end - 1) // E
-        node, exts = self.meta.get_extents(ino, first, last)
-        # Partially overwritten cold extents need their old bytes first.
-        cold = [i for i, x in exts.items() if not x.hot and
-                not (off <= i * E and end >= i * E + x.length)]
-        if cold or self.space is not None:
-            for idx in cold:
-                await self.fetch(ino, idx)
-            if self.space is not None:
-                await self.space.reserve(length)
-            node, exts = self.meta.get_extents(ino, first, last)
+        keys = [(ino, i) for i in range(first, last + 1)]
+        self.busy.update(keys)  # not evictable while this write is under way
+        try:
+            node, exts = await self._prepare_write(ino, off, end)
+        finally:
+            self.busy.difference_update(keys)
         view = memoryview(data)
         changed = {}
         pos = off
@@ -233,13 +277,45 @@ class Engine:
         self.stats.inc("write_bytes", length)
         return length
 
+    async def _prepare_write(self, ino: int, off: int, end: int):
+        """Fetch partially overwritten cold extents and wait for room; loops
+        because every await may change what the records say."""
+        E = self.E
+        first, last = off // E, (end - 1) // E
+        while True:
+            node, exts = self.meta.get_extents(ino, first, last)
+            cold = [i for i, x in exts.items() if not x.hot and
+                    not (off <= i * E and end >= i * E + x.length)]
+            if cold:
+                for idx in cold:
+                    await self.ensure_hot(ino, idx)
+                continue
+            growth = self._growth(ino, off, end)
+            if growth and self.space is not None and self.space.needs_room(growth):
+                await self.space.reserve(growth)
+                continue
+            return node, exts
+
+    def _growth(self, ino: int, off: int, end: int) -> int:
+        """How many bytes the hot extent files grow by writing [off, end)."""
+        E = self.E
+        growth = 0
+        for idx in range(off // E, (end - 1) // E + 1):
+            new_end = min(end - idx * E, E)
+            growth += max(0, new_end - self.index.sizes.get((ino, idx), 0))
+        return growth
+
     async def truncate(self, ino: int, new_size: int) -> None:
         """Set a file's size; shrinking drops whole extents and cuts the last one."""
         E = self.E
-        node = self.meta.get_inode(ino)
-        if new_size < node.size and new_size % E:
-            await self.ensure_hot(ino, new_size // E)
-        node, exts = self.meta.get_extents(ino, 0, (1 << 64) - 1)
+        cut_idx = new_size // E
+        while True:
+            node, exts = self.meta.get_extents(ino, 0, (1 << 64) - 1)
+            ext = exts.get(cut_idx)
+            if new_size < node.size and new_size % E and ext is not None and not ext.hot:
+                await self.ensure_hot(ino, cut_idx)  # cut it in place on the hot tier
+                continue
+            break
         changed: dict[Key, Extent | None] = {}
         gc = []
         if new_size < node.size:
@@ -290,3 +366,4 @@ class Engine:
             self.hot.remove(ino, idx)
             self.index.remove((ino, idx))
         self._unsynced.pop(ino, None)
+        self._streams.pop(ino, None)

@@ -1,0 +1,168 @@
+"""Bad input: every case gets one clear line on stderr, exit status 1, no traceback."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import boto3
+import pytest
+
+from tests.harness import run_cli
+from tests.moto_server import free_port, s3_env
+
+
+def assert_clean_error(res, *fragments):
+    assert res.returncode == 1, res
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("tierfs: ")
+    assert "Traceback" not in res.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def mount_args(tmp_path, mp=None, cold=None, cache=None):
+    return ["mount", cold or f"file://{tmp_path}/cold", mp or str(tmp_path / "mnt"),
+            "--cache-dir", cache or str(tmp_path / "cache")]
+
+
+def test_mountpoint_missing(tmp_path):
+    assert_clean_error(run_cli(*mount_args(tmp_path)), "does not exist", "mkdir -p")
+
+
+def test_mountpoint_not_a_directory(tmp_path):
+    (tmp_path / "mnt").write_text("x")
+    assert_clean_error(run_cli(*mount_args(tmp_path)), "is not a directory")
+
+
+def test_mountpoint_not_empty(tmp_path):
+    (tmp_path / "mnt").mkdir()
+    (tmp_path / "mnt" / "file").write_text("x")
+    assert_clean_error(run_cli(*mount_args(tmp_path)), "is not empty")
+
+
+def test_already_mounted(mnt, tmp_path):
+    res = run_cli("mount", f"file://{tmp_path}/other", mnt.mountpoint, "--cache-dir",
+                  str(tmp_path / "other-cache"))
+    assert_clean_error(res, "is already mounted", "tierfs umount")
+
+
+@pytest.mark.allow_log_errors  # the refused mount logs its reason
+def test_cache_dir_locked_by_another_daemon(mnt, tmp_path):
+    (tmp_path / "mnt2").mkdir()
+    res = run_cli(*mount_args(tmp_path, mp=str(tmp_path / "mnt2"), cold=mnt.cold_url,
+                              cache=mnt.cache_dir))
+    assert_clean_error(res, "in use by another tierfs daemon", f"pid {mnt.pid}")
+
+
+def test_cache_dir_not_creatable(tmp_path):
+    (tmp_path / "mnt").mkdir()
+    (tmp_path / "afile").write_text("x")
+    res = run_cli(*mount_args(tmp_path, cache=str(tmp_path / "afile" / "cache")))
+    assert_clean_error(res, "cannot create cache dir")
+
+
+@pytest.mark.parametrize("url,fragment", [
+    ("relative/path", "is not a URL"),
+    ("ftp://host/x", "scheme"),
+    ("s3://", "bucket"),
+])
+def test_malformed_cold_url(tmp_path, url, fragment):
+    (tmp_path / "mnt").mkdir()
+    assert_clean_error(run_cli(*mount_args(tmp_path, cold=url)), fragment)
+
+
+@pytest.mark.allow_log_errors  # the refused mount logs its reason
+def test_other_format_version(mount_factory):
+    m = mount_factory()
+    m.umount()
+    sb_path = m.cold_url[len("file://"):] + "/tierfs.json"
+    with open(sb_path) as f:
+        sb = json.load(f)
+    sb["format"] = 99
+    with open(sb_path, "w") as f:
+        json.dump(sb, f)
+    res = m.cli("mount", m.cold_url, m.mountpoint, "--cache-dir", m.cache_dir)
+    assert_clean_error(res, "format version 99")
+
+
+@pytest.mark.allow_log_errors  # the refused mount logs its reason
+def test_cache_dir_of_another_filesystem(mount_factory, tmp_path):
+    a = mount_factory(name="a")
+    b = mount_factory(name="b")
+    a.umount()
+    b.umount()
+    res = a.cli("mount", a.cold_url, a.mountpoint, "--cache-dir", b.cache_dir)
+    assert_clean_error(res, "belongs to filesystem")
+
+
+def test_location_with_foreign_data(tmp_path):
+    (tmp_path / "mnt").mkdir()
+    (tmp_path / "cold").mkdir()
+    (tmp_path / "cold" / "photo.jpg").write_bytes(b"\xff\xd8")
+    assert_clean_error(run_cli(*mount_args(tmp_path)), "not a tierfs filesystem")
+
+
+def test_fusermount3_missing(tmp_path):
+    (tmp_path / "mnt").mkdir()
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    env = dict(os.environ, PATH=str(bindir))
+    import sys
+    res = __import__("subprocess").run([sys.executable, "-m", "tierfs", *mount_args(tmp_path)],
+                                       capture_output=True, text=True, env=env)
+    assert_clean_error(res, "fusermount3 not found", "apt-get install fuse3")
+
+
+def test_stale_mount_after_kill9_is_cleaned(mnt):
+    with open(mnt.path("f"), "wb") as f:
+        f.write(b"data")
+        os.fsync(f.fileno())
+    mnt.kill9()
+    res = mnt.start()
+    assert "removed a stale mount" in res.stdout
+    with open(mnt.path("f"), "rb") as f:
+        assert f.read() == b"data"
+
+
+def test_umount_not_mounted(tmp_path):
+    assert_clean_error(run_cli("umount", str(tmp_path)), "is not mounted")
+
+
+def test_umount_busy(mnt):
+    with open(mnt.path("f"), "w") as f:
+        res = mnt.cli("umount", mnt.mountpoint)
+        assert_clean_error(res, "is busy", "fuser -vm")
+    assert mnt.mounted
+
+
+# ---- S3 locations -------------------------------------------------------------------
+
+@pytest.fixture
+def s3env(s3_endpoint):
+    return dict(os.environ, **s3_env(s3_endpoint))
+
+
+def test_s3_bucket_missing(tmp_path, s3env):
+    (tmp_path / "mnt").mkdir()
+    res = run_cli(*mount_args(tmp_path, cold="s3://no-such-bucket-tierfs/x"), env=s3env)
+    assert_clean_error(res, "no-such-bucket-tierfs")
+
+
+def test_s3_endpoint_unreachable(tmp_path, s3env):
+    (tmp_path / "mnt").mkdir()
+    port = free_port()
+    res = run_cli(*mount_args(tmp_path, cold="s3://somebucket/x"), "--s3-endpoint",
+                  f"http://127.0.0.1:{port}", env=s3env)
+    assert_clean_error(res, f"127.0.0.1:{port}")
+
+
+def test_s3_prefix_with_foreign_data(tmp_path, s3env, s3_url, s3_endpoint):
+    (tmp_path / "mnt").mkdir()
+    bucket, prefix = s3_url[5:].split("/", 1)
+    boto3.client("s3", endpoint_url=s3_endpoint, aws_access_key_id="testing",
+                 aws_secret_access_key="testing", region_name="us-east-1").put_object(
+        Bucket=bucket, Key=f"{prefix}/dataset/part-0000.parquet", Body=b"PAR1")
+    res = run_cli(*mount_args(tmp_path, cold=s3_url), env=s3env)
+    assert_clean_error(res, "not a tierfs filesystem")

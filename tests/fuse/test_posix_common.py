@@ -1,0 +1,216 @@
+"""Shared fixtures and helpers of the POSIX tests (test_posix_*.py); no tests here.
+
+Most POSIX tests only need an empty directory on a mounted tierfs, so each test
+module shares one mount (`shared_mnt`) and every test gets a fresh directory in
+it (`d`). The daemon log is still checked after every test. Tests that remount,
+kill the daemon or look at the cache dir use the per-test `mnt` fixture.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import platform
+import struct
+import time
+
+import lmdb
+import pytest
+
+from tests.harness import Mount
+from tierfs.meta import schema
+
+MiB = 1 << 20
+E = 4 * MiB  # the default extent size of a new filesystem
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def renameat2(old: str, new: str, flags: int) -> None:
+    _libc.renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int,
+                                ctypes.c_char_p, ctypes.c_uint]
+    if _libc.renameat2(_AT_FDCWD, os.fsencode(old), _AT_FDCWD, os.fsencode(new), flags) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), old)
+
+
+_SYS_GETDENTS64 = {"x86_64": 217, "aarch64": 61}[platform.machine()]
+
+
+def getdents(fd: int, bufsize: int = 32768) -> list[tuple[bytes, int, int]]:
+    """One getdents64 call: (name, d_ino, d_off) of the entries it returned."""
+    buf = ctypes.create_string_buffer(bufsize)
+    n = _libc.syscall(ctypes.c_long(_SYS_GETDENTS64), ctypes.c_int(fd), buf,
+                      ctypes.c_size_t(bufsize))
+    if n < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    raw = buf.raw[:n]
+    out = []
+    pos = 0
+    while pos < n:
+        ino, off, reclen = struct.unpack_from("<QqH", raw, pos)
+        out.append((raw[pos + 19:pos + reclen].split(b"\0", 1)[0], ino, off))
+        pos += reclen
+    return out
+
+
+def raw_dirents(path: str) -> list[tuple[bytes, int]]:
+    """(name, d_ino) of every entry getdents64 returns, '.' and '..' included
+    (os.listdir hides those, and with them the server's idea of the parent)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    out = []
+    try:
+        while True:
+            batch = getdents(fd)
+            if not batch:
+                return out
+            out += [(name, ino) for name, ino, _off in batch]
+    finally:
+        os.close(fd)
+
+
+def errno_of(fn, *args, **kwargs) -> int:
+    """Run fn; return 0 on success or the errno of the OSError it raised."""
+    try:
+        fn(*args, **kwargs)
+    except OSError as e:
+        return e.errno
+    return 0
+
+
+def assert_errno(expected: int, fn, *args, **kwargs) -> None:
+    got = errno_of(fn, *args, **kwargs)
+    assert got == expected, (f"{getattr(fn, '__name__', fn)}{args}: expected "
+                             f"{errno.errorcode.get(expected, expected)}, got "
+                             f"{errno.errorcode.get(got, got) if got else 'success'}")
+
+
+def eventually(cond, timeout: float = 10.0, what: str = "condition") -> None:
+    """Poll for something the daemon does asynchronously (release, forget)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout}s")
+        time.sleep(0.02)
+
+
+def clock_past(ns: int, margin_ns: int = 25_000_000) -> None:
+    """Wait until the wall clock is clearly past a timestamp, so the next change
+    gets a larger one. The kernel stamps ctime from a coarse clock (one tick, up
+    to 10 ms, behind), so back-to-back changes can share a timestamp. This is
+    not a sleep for the daemon: it waits on the clock only (a few ms)."""
+    while time.time_ns() < ns + margin_ns:
+        time.sleep(0.002)
+
+
+def as_user(uid: int, gid: int, cwd: str, ops: dict) -> dict:
+    """Run each callable of `ops` in a forked child that has dropped root to
+    uid/gid, working in `cwd` (entered while still root, so the test's private
+    temp dirs above the mount do not get in the way). Returns name -> 0 on
+    success, the errno of an OSError, or the callable's return value if it is
+    not None."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never return into pytest
+        code = 0
+        try:
+            os.close(r)
+            os.chdir(cwd)
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            out = {}
+            for name, fn in ops.items():
+                try:
+                    value = fn()
+                    out[name] = 0 if value is None else value
+                except OSError as e:
+                    out[name] = e.errno
+            os.write(w, json.dumps(out).encode())
+        except BaseException as e:  # noqa: BLE001 - report anything to the parent
+            os.write(w, json.dumps({"__error__": repr(e)}).encode())
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    out = json.loads(data)
+    assert "__error__" not in out, out["__error__"]
+    return out
+
+
+def read_uncached(path: str) -> bytes:
+    """The file's bytes as the daemon serves them: flush, then drop the kernel's
+    cached pages so the reads go to the daemon and not the page cache."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        size = os.fstat(fd).st_size
+        chunks = []
+        pos = 0
+        while pos < size:
+            chunk = os.pread(fd, min(8 * MiB, size - pos), pos)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            pos += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def hot_files(m: Mount, ino: int) -> list[str]:
+    """Hot tier files of an inode (layout of tierfs.hot.HotStore.path)."""
+    sub = os.path.join(m.cache_dir, "hot", f"{ino & 0xff:02x}")
+    try:
+        return sorted(n for n in os.listdir(sub) if n.split(".")[0] == f"{ino:x}")
+    except FileNotFoundError:
+        return []
+
+
+def meta_has_inode(m: Mount, ino: int) -> bool:
+    """Whether the live daemon's metadata still holds the inode (LMDB allows a
+    second process to read while the daemon writes)."""
+    env = lmdb.open(os.path.join(m.cache_dir, "meta"), readonly=True, subdir=True,
+                    max_dbs=0)
+    try:
+        with env.begin() as txn:
+            return txn.get(schema.inode_key(ino)) is not None
+    finally:
+        env.close()
+
+
+@pytest.fixture(scope="module")
+def shared_mnt(tmp_path_factory):
+    root = tmp_path_factory.mktemp("posix")
+    m = Mount(str(root), f"file://{root}/m-cold")
+    m.start()
+    yield m
+    m.cleanup()
+    bad = m.unexpected_log_lines()
+    if bad:
+        pytest.fail("daemon logged unexpected errors:\n" + "\n".join(bad[:20]))
+
+
+@pytest.fixture
+def d(shared_mnt, request):
+    """A fresh empty directory on the module's shared mount."""
+    assert shared_mnt.mounted, "an earlier test left the shared mount dead"
+    before = len(shared_mnt.log())
+    path = shared_mnt.path(request.node.name.replace("/", "_")[:200])
+    os.mkdir(path)
+    yield path
+    new = shared_mnt.log()[before:]
+    bad = [line for line in new.splitlines()
+           if "ERROR" in line or "Traceback" in line or "CRITICAL" in line]
+    if bad:
+        pytest.fail("daemon logged unexpected errors:\n" + "\n".join(bad[:20]))

@@ -1,0 +1,320 @@
+"""POSIX behaviour of file data through the mount: read/write, truncate, holes,
+big offsets, open flags, fallocate, fsync, statfs, unlink while open."""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+from tests.fuse.test_posix_common import (E, MiB, assert_errno, d, eventually,  # noqa: F401
+                                          hot_files, meta_has_inode, read_uncached,
+                                          shared_mnt)
+
+GiB = 1 << 30
+
+
+def pattern(n: int, seed: int = 0) -> bytes:
+    """Bytes that differ at every offset (a misplaced block never compares equal)."""
+    block = bytes((i * 7 + seed) % 251 for i in range(251))
+    return (block * (n // 251 + 1))[:n]
+
+
+def test_regular_file_write_read_overwrite(d):
+    p = os.path.join(d, "f")
+    with open(p, "wb") as f:
+        assert f.write(b"hello world") == 11
+    st = os.stat(p)
+    assert stat.S_ISREG(st.st_mode) and st.st_size == 11 and st.st_nlink == 1
+    with open(p, "r+b") as f:
+        f.seek(6)
+        f.write(b"WORLD!!")
+    assert open(p, "rb").read() == b"hello WORLD!!"
+    assert read_uncached(p) == b"hello WORLD!!"
+    assert os.stat(p).st_size == 13
+
+
+def test_write_across_extent_boundaries(d):
+    p = os.path.join(d, "f")
+    data = pattern(2 * E + 12345)
+    with open(p, "wb") as f:
+        f.write(data)
+    assert os.stat(p).st_size == len(data)
+    assert read_uncached(p) == data
+    # An unaligned overwrite that straddles the first boundary.
+    fd = os.open(p, os.O_RDWR)
+    try:
+        os.pwrite(fd, b"X" * 1000, E - 500)
+    finally:
+        os.close(fd)
+    expect = data[:E - 500] + b"X" * 1000 + data[E + 500:]
+    assert read_uncached(p) == expect
+
+
+def _check_truncate(d, trunc):
+    p = os.path.join(d, "f")
+    data = pattern(E + 2 * MiB)  # 6 MiB: extent 0 full, extent 1 half
+    with open(p, "wb") as f:
+        f.write(data)
+    trunc(p, E + MiB)        # shrink inside extent 1
+    assert os.stat(p).st_size == E + MiB
+    trunc(p, E - 100)        # shrink across the boundary: extent 1 goes
+    assert os.stat(p).st_size == E - 100
+    trunc(p, 2 * E + 7)      # grow again: everything past E-100 reads as zeros
+    assert os.stat(p).st_size == 2 * E + 7
+    expect = data[:E - 100] + bytes(E + 107)
+    assert open(p, "rb").read() == expect
+    assert read_uncached(p) == expect
+    trunc(p, E)              # shrink onto the boundary exactly, then grow
+    trunc(p, E + 10)
+    assert read_uncached(p) == data[:E - 100] + bytes(110)
+    trunc(p, 0)
+    assert os.stat(p).st_size == 0 and open(p, "rb").read() == b""
+
+
+def test_truncate_grow_shrink_across_extents(d):
+    _check_truncate(d, os.truncate)
+
+
+def test_ftruncate_grow_shrink_across_extents(d):
+    def ftrunc(p, n):
+        fd = os.open(p, os.O_RDWR)
+        try:
+            os.ftruncate(fd, n)
+        finally:
+            os.close(fd)
+    _check_truncate(d, ftrunc)
+
+
+def test_shrink_then_grow_zeroes_tail_within_extent(d):
+    p = os.path.join(d, "f")
+    fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b"A" * 10000)
+        os.ftruncate(fd, 100)
+        os.ftruncate(fd, 10000)
+        assert os.pread(fd, 10000, 0) == b"A" * 100 + bytes(9900)
+        # Writing past the end after a shrink must not resurrect old bytes either.
+        os.ftruncate(fd, 50)
+        os.pwrite(fd, b"Z", 5000)
+        assert os.pread(fd, 6000, 0) == b"A" * 50 + bytes(4950) + b"Z"
+    finally:
+        os.close(fd)
+    assert read_uncached(p) == b"A" * 50 + bytes(4950) + b"Z"
+
+
+def test_sparse_file_holes_read_zero_and_few_blocks(d):
+    p = os.path.join(d, "sparse")
+    fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.pwrite(fd, b"head", 0)
+        os.pwrite(fd, b"tail", 5 * E + 3)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    size = 5 * E + 7
+    st = os.stat(p)
+    assert st.st_size == size
+    assert st.st_blocks * 512 < size // 2, st.st_blocks
+    data = read_uncached(p)
+    assert len(data) == size
+    assert data[:4] == b"head" and data[-4:] == b"tail"
+    assert data[4:-4].count(0) == size - 8
+
+
+def test_file_larger_than_4_gib(d):
+    p = os.path.join(d, "big")
+    off = 5 * GiB
+    with open(p, "wb") as f:
+        f.seek(off)
+        f.write(b"far away")
+    st = os.stat(p)
+    assert st.st_size == off + 8
+    assert st.st_blocks * 512 < 64 * MiB
+    fd = os.open(p, os.O_RDWR)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        assert os.pread(fd, 100, off - 2) == b"\0\0far away"
+        assert os.pread(fd, 4096, 4 * GiB + 12345) == bytes(4096)
+        assert os.pread(fd, 10, off + 8) == b""
+        os.pwrite(fd, b"!", off + 8)
+    finally:
+        os.close(fd)
+    assert os.stat(p).st_size == off + 9
+
+
+def test_o_append_two_fds_interleave(d):
+    p = os.path.join(d, "log")
+    a = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    b = os.open(p, os.O_WRONLY | os.O_APPEND)
+    try:
+        expect = b""
+        for i in range(50):
+            fd, rec = (a, b"a%03d\n" % i) if i % 2 == 0 else (b, b"b%03d\n" % i)
+            os.write(fd, rec)
+            expect += rec
+        os.lseek(a, 0, os.SEEK_SET)  # a seek does not matter for O_APPEND
+        os.write(a, b"end\n")
+        expect += b"end\n"
+    finally:
+        os.close(a)
+        os.close(b)
+    assert open(p, "rb").read() == expect
+    assert read_uncached(p) == expect
+
+
+def test_o_excl_and_o_trunc(d):
+    p = os.path.join(d, "f")
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
+    os.write(fd, b"x" * 5000)
+    os.close(fd)
+    assert stat.S_IMODE(os.stat(p).st_mode) == 0o640
+    assert_errno(errno.EEXIST, os.open, p, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    # O_EXCL with a dangling symlink in the way is EEXIST too (no following).
+    os.symlink("nowhere", os.path.join(d, "link"))
+    assert_errno(errno.EEXIST, os.open, os.path.join(d, "link"),
+                 os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    assert not os.path.lexists(os.path.join(d, "nowhere"))
+    fd = os.open(p, os.O_RDWR | os.O_TRUNC)
+    try:
+        assert os.fstat(fd).st_size == 0
+        assert os.read(fd, 10) == b""
+        os.write(fd, b"new")
+    finally:
+        os.close(fd)
+    assert read_uncached(p) == b"new"
+    # O_TRUNC without write access mode is unspecified; O_RDONLY|O_CREAT keeps data.
+    os.close(os.open(p, os.O_RDONLY | os.O_CREAT))
+    assert read_uncached(p) == b"new"
+
+
+def test_posix_fallocate_extends_with_zeros(d):
+    # pyfuse3 has no fallocate handler: glibc falls back to writing zeros.
+    p = os.path.join(d, "f")
+    fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b"abc")
+        os.posix_fallocate(fd, 0, 3 * MiB)
+        assert os.fstat(fd).st_size == 3 * MiB
+        os.posix_fallocate(fd, E - 10, 20)  # across the extent boundary
+        assert os.fstat(fd).st_size == E + 10
+        os.posix_fallocate(fd, 0, 100)      # inside the file: size unchanged
+        assert os.fstat(fd).st_size == E + 10
+    finally:
+        os.close(fd)
+    data = read_uncached(p)
+    assert data == b"abc" + bytes(E + 7)
+
+
+def test_fsync_fdatasync_and_dir_fsync(d):
+    p = os.path.join(d, "f")
+    fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b"data" * 1000)
+        os.fsync(fd)
+        os.write(fd, b"more")
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+    assert read_uncached(p) == b"data" * 1000 + b"more"
+
+
+def test_statvfs(shared_mnt):
+    st = os.statvfs(shared_mnt.mountpoint)
+    assert st.f_blocks > 0
+    assert st.f_bsize > 0 and st.f_frsize > 0
+    assert st.f_bavail <= st.f_bfree <= st.f_blocks
+    assert st.f_namemax == 255
+    assert st.f_files > 0 and st.f_ffree > 0
+
+
+def test_unlink_while_open(shared_mnt, d):
+    p = os.path.join(d, "f")
+    data = pattern(E + 1000)  # two extents, two hot files
+    fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+        ino = os.fstat(fd).st_ino
+        assert len(hot_files(shared_mnt, ino)) == 2
+        os.unlink(p)
+        assert not os.path.lexists(p)
+        assert os.listdir(d) == []
+        assert os.fstat(fd).st_nlink == 0
+        # Still readable and writable through the fd, also from the daemon.
+        os.pwrite(fd, b"after unlink", 10)
+        data = data[:10] + b"after unlink" + data[22:]
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        assert os.pread(fd, len(data) + 10, 0) == data
+        os.ftruncate(fd, 100)
+        assert os.fstat(fd).st_size == 100
+        assert meta_has_inode(shared_mnt, ino)
+    finally:
+        os.close(fd)
+    eventually(lambda: not hot_files(shared_mnt, ino), what="hot files removed")
+    eventually(lambda: not meta_has_inode(shared_mnt, ino), what="inode purged")
+
+
+def test_unlink_last_name_of_hard_link_while_open(shared_mnt, d):
+    a, b = os.path.join(d, "a"), os.path.join(d, "b")
+    with open(a, "wb") as f:
+        f.write(b"shared")
+    os.link(a, b)
+    fd = os.open(b, os.O_RDONLY)
+    try:
+        ino = os.fstat(fd).st_ino
+        os.unlink(a)
+        assert os.fstat(fd).st_nlink == 1
+        os.unlink(b)
+        assert os.fstat(fd).st_nlink == 0
+        assert os.pread(fd, 100, 0) == b"shared"
+    finally:
+        os.close(fd)
+    eventually(lambda: not meta_has_inode(shared_mnt, ino), what="inode purged")
+    eventually(lambda: not hot_files(shared_mnt, ino), what="hot files removed")
+
+
+def test_rename_over_open_file_keeps_it_readable(shared_mnt, d):
+    a, b = os.path.join(d, "a"), os.path.join(d, "b")
+    with open(a, "wb") as f:
+        f.write(b"new contents")
+    with open(b, "wb") as f:
+        f.write(b"old contents")
+    fd = os.open(b, os.O_RDONLY)
+    try:
+        ino = os.fstat(fd).st_ino
+        os.rename(a, b)
+        assert os.fstat(fd).st_nlink == 0
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        assert os.pread(fd, 100, 0) == b"old contents"
+        assert open(b, "rb").read() == b"new contents"
+    finally:
+        os.close(fd)
+    eventually(lambda: not meta_has_inode(shared_mnt, ino), what="inode purged")
+    eventually(lambda: not hot_files(shared_mnt, ino), what="hot files removed")
+
+
+def test_rmdir_while_open(shared_mnt, d):
+    sub = os.path.join(d, "sub")
+    os.mkdir(sub)
+    fd = os.open(sub, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        ino = os.fstat(fd).st_ino
+        nlink_parent = os.stat(d).st_nlink
+        os.rmdir(sub)
+        assert not os.path.lexists(sub)
+        assert os.stat(d).st_nlink == nlink_parent - 1
+        assert os.fstat(fd).st_nlink == 0
+        assert os.listdir(fd) == []
+        assert_errno(errno.ENOENT, os.open, "x", os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=fd)
+        assert_errno(errno.ENOENT, os.mkdir, "y", dir_fd=fd)
+        assert meta_has_inode(shared_mnt, ino)
+    finally:
+        os.close(fd)
+    eventually(lambda: not meta_has_inode(shared_mnt, ino), what="directory inode purged")

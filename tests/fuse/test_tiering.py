@@ -1,0 +1,288 @@
+"""Tiering through the mount against a moto S3 server: upload, release, cold
+reads, eviction under a small hot tier, writes to cold data, gc, control CLI."""
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import threading
+
+import boto3
+import pytest
+
+MiB = 1 << 20
+
+
+def status(m, path=None) -> dict:
+    res = m.cli("status", path or m.mountpoint, "--json", check=True)
+    return json.loads(res.stdout)
+
+
+def pattern(n: int, seed: int) -> bytes:
+    """Deterministic, incompressible-looking test data."""
+    out = bytearray()
+    counter = 0
+    while len(out) < n:
+        out += hashlib.sha256(f"{seed}:{counter}".encode()).digest() * 64
+        counter += 1
+    return bytes(out[:n])
+
+
+def bucket_client(m):
+    return boto3.client("s3", endpoint_url=m.env["AWS_ENDPOINT_URL"],
+                        aws_access_key_id="testing", aws_secret_access_key="testing",
+                        region_name="us-east-1")
+
+
+def data_objects(m) -> list[str]:
+    bucket, prefix = m.cold_url[5:].split("/", 1)
+    pages = bucket_client(m).get_paginator("list_objects_v2").paginate(
+        Bucket=bucket, Prefix=f"{prefix}/data/")
+    return [o["Key"] for page in pages for o in page.get("Contents", [])]
+
+
+def write_file(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def read_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def make_cold(m, *paths: str) -> None:
+    """Upload, then drop the hot copies and the page cache: reads must come from S3."""
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    m.cli("release", *paths, check=True)
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3")
+
+
+@pytest.fixture
+def s3m(mount_factory, s3_url, s3_endpoint):
+    from tests.moto_server import s3_env
+    env = dict(os.environ, **s3_env(s3_endpoint))
+
+    def make(*args):
+        return mount_factory(cold_url=s3_url, env=env, args=("--extent-size", "1M", *args))
+    return make
+
+
+def test_write_sync_release_read_back(s3m):
+    m = s3m()
+    data = pattern(5 * MiB + 123, 1)
+    write_file(m.path("f"), data)
+    assert status(m)["dirty_bytes"] > 0
+    out = m.cli("sync", m.mountpoint, "--wait", check=True).stdout
+    assert "everything is in the bucket" in out
+    assert status(m)["dirty_bytes"] == 0
+    assert len(data_objects(m)) == 6
+    res = m.cli("release", m.path("f"), check=True)
+    assert "released 5.0 MiB" in res.stdout
+    st = status(m, m.path("f"))["file"]
+    assert st["hot"] == 0 and st["cold"] == len(data)
+    assert {e["where"] for e in st["extents"]} == {"cold"}
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3")
+    assert read_file(m.path("f")) == data
+    state = json.loads(os.getxattr(m.path("f"), "user.tierfs.state"))
+    assert state["hot"] == len(data) and state["cold"] == 0
+
+
+def test_small_hot_tier_holds_much_more_data(s3m):
+    """A 64 MiB hot tier takes 512 MiB: writers wait for uploads, reads fetch back."""
+    m = s3m("--cache-size", "64M", "--min-free", "0")
+    chunk = pattern(4 * MiB, 2)
+    with open(m.path("big"), "wb") as f:
+        for i in range(128):
+            f.write(chunk[i % 7:] + chunk[:i % 7])
+    st = status(m)
+    assert st["hot_bytes"] <= 64 * MiB
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3")
+    with open(m.path("big"), "rb") as f:
+        for i in range(128):
+            assert f.read(4 * MiB) == chunk[i % 7:] + chunk[:i % 7], f"block {i}"
+    st = status(m)
+    assert st["hot_bytes"] <= 64 * MiB
+    assert st["counters"]["evictions"] > 0
+
+
+def test_writes_to_cold_files(s3m):
+    m = s3m()
+    a, b, c, d = (pattern(3 * MiB + 77, i) for i in range(4))
+    for name, data in zip("abcd", (a, b, c, d)):
+        write_file(m.path(name), data)
+    make_cold(m, *(m.path(n) for n in "abcd"))
+    # partial overwrite in the middle of a cold extent
+    with open(m.path("a"), "r+b") as f:
+        f.seek(MiB + 1000)
+        f.write(b"X" * 5000)
+    expect_a = a[:MiB + 1000] + b"X" * 5000 + a[MiB + 6000:]
+    # append to a cold file
+    with open(m.path("b"), "ab") as f:
+        f.write(b"tail")
+    # truncate a cold file inside an extent, then grow it again
+    os.truncate(m.path("c"), 2 * MiB + 10)
+    os.truncate(m.path("c"), 3 * MiB)
+    expect_c = c[:2 * MiB + 10] + bytes(3 * MiB - 2 * MiB - 10)
+    os.rename(m.path("d"), m.path("d2"))
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3")
+    assert read_file(m.path("a")) == expect_a
+    assert read_file(m.path("b")) == b + b"tail"
+    assert read_file(m.path("c")) == expect_c
+    assert read_file(m.path("d2")) == d
+    # and the same after everything went cold once more
+    make_cold(m, *(m.path(n) for n in ("a", "b", "c", "d2")))
+    assert read_file(m.path("a")) == expect_a
+    assert read_file(m.path("c")) == expect_c
+    os.unlink(m.path("d2"))
+    assert not os.path.exists(m.path("d2"))
+
+
+def test_concurrent_readers_share_gets(s3m):
+    m = s3m()
+    data = pattern(8 * MiB, 5)
+    write_file(m.path("shared"), data)
+    make_cold(m, m.path("shared"))
+    before = status(m)["counters"].get("cold_reads", 0)
+    results, errors = [], []
+
+    def reader():
+        try:
+            with open(m.path("shared"), "rb", buffering=0) as f:
+                results.append(f.read())
+        except OSError as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=reader) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert results == [data] * 8
+    # One GET per extent however many readers missed on it together.
+    assert status(m)["counters"]["cold_reads"] - before == 8
+
+
+@pytest.mark.allow_log_errors
+def test_corrupted_object_gives_eio(s3m):
+    m = s3m()
+    m.allowed_log.append("checksum mismatch")
+    data = pattern(2 * MiB, 6)
+    write_file(m.path("f"), data)
+    make_cold(m, m.path("f"))
+    bucket = m.cold_url[5:].split("/", 1)[0]
+    client = bucket_client(m)
+    key = sorted(data_objects(m))[0]
+    body = bytearray(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    body[100] ^= 0xFF
+    client.put_object(Bucket=bucket, Key=key, Body=bytes(body))
+    # The second extent is intact; the first must never come back as data.
+    with open(m.path("f"), "rb") as f:
+        f.seek(MiB)
+        assert f.read(MiB) == data[MiB:]
+    with open(m.path("f"), "rb") as f:
+        with pytest.raises(OSError) as err:
+            f.read(MiB)
+    assert err.value.errno == errno.EIO
+    assert status(m)["counters"]["checksum_errors"] >= 1
+
+
+def test_gc_removes_unreferenced_objects(s3m):
+    m = s3m()
+    write_file(m.path("a"), pattern(3 * MiB, 7))
+    write_file(m.path("b"), pattern(2 * MiB, 8))
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    assert len(data_objects(m)) == 5
+    os.unlink(m.path("a"))
+    write_file(m.path("b"), pattern(MiB, 9))  # O_TRUNC + rewrite: 2 old objects go
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    for _ in range(100):
+        if len(data_objects(m)) == 1:
+            break
+        import time
+        time.sleep(0.1)
+    assert len(data_objects(m)) == 1
+    assert read_file(m.path("b")) == pattern(MiB, 9)
+
+
+def test_control_commands_output_and_exit_codes(s3m):
+    m = s3m()
+    os.makedirs(m.path("ds/sub"))
+    files = {f"ds/sub/f{i}": pattern(300_000 + i, i) for i in range(5)}
+    for name, data in files.items():
+        write_file(m.path(name), data)
+    res = m.cli("sync", m.path("ds"), "--wait")
+    assert res.returncode == 0 and "everything is in the bucket" in res.stdout
+    res = m.cli("release", m.path("ds"))
+    assert res.returncode == 1 and "is a directory: add -r" in res.stderr
+    res = m.cli("release", "-r", m.path("ds"), check=True)
+    assert "in 5 files" in res.stdout
+    res = m.cli("prefetch", "-r", "-j", "3", m.path("ds"), check=True)
+    assert res.stdout.startswith("prefetched 5 files: 1.4 MiB fetched, 0 B already hot")
+    res = m.cli("prefetch", "-r", m.path("ds"), check=True)
+    assert "0 B fetched, 1.4 MiB already hot" in res.stdout
+    res = m.cli("pin", m.path("ds/sub/f0"), check=True)
+    assert res.stdout.startswith("pinned 1 files")
+    res = m.cli("release", m.path("ds/sub/f0"), check=True)
+    assert "kept 1 pinned extents" in res.stdout
+    st = status(m, m.path("ds/sub/f0"))
+    assert st["file"]["pinned"] == len(files["ds/sub/f0"])
+    assert st["pinned_bytes"] >= len(files["ds/sub/f0"])
+    res = m.cli("unpin", m.path("ds/sub/f0"), check=True)
+    assert res.stdout.startswith("unpinned 1 files")
+    res = m.cli("status", m.mountpoint, check=True)
+    assert "hot " in res.stdout and "hit rate" in res.stdout
+    res = m.cli("status", "/")
+    assert res.returncode == 1 and "not inside a tierfs mount" in res.stderr
+    res = m.cli("prefetch", m.path("missing"))
+    assert res.returncode == 1 and "No such file" in res.stderr
+    for name, data in files.items():
+        assert read_file(m.path(name)) == data
+
+
+def test_remount_keeps_hot_data_hot(s3m):
+    m = s3m()
+    data = pattern(3 * MiB, 11)
+    write_file(m.path("f"), data)
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    m.remount()
+    st = status(m, m.path("f"))
+    assert st["file"]["hot"] == len(data) and st["file"]["dirty"] == 0
+    assert read_file(m.path("f")) == data
+    assert status(m)["counters"].get("cold_reads", 0) == 0
+
+
+def test_dirty_data_uploads_after_remount(s3m):
+    m = s3m("--upload-delay", "3600")
+    data = pattern(2 * MiB, 12)
+    write_file(m.path("f"), data)
+    os.sync()
+    assert status(m)["dirty_bytes"] == 2 * MiB
+    m.kill9()
+    m.start()  # cleans the stale mount; dirty extents are still known
+    assert status(m)["dirty_bytes"] == 2 * MiB
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    make_cold(m, m.path("f"))
+    assert read_file(m.path("f")) == data
+
+
+def test_no_replace_policy_keeps_first_fill(s3m):
+    m = s3m("--cache-size", "8M", "--min-free", "0", "--cache-policy", "no-replace")
+    data = pattern(24 * MiB, 13)
+    write_file(m.path("f"), data)
+    make_cold(m, m.path("f"))
+    assert read_file(m.path("f")) == data
+    first = {e["index"] for e in status(m, m.path("f"))["file"]["extents"] if e["where"] != "cold"}
+    assert 0 < len(first) <= 8
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3")
+    assert read_file(m.path("f")) == data
+    again = {e["index"] for e in status(m, m.path("f"))["file"]["extents"] if e["where"] != "cold"}
+    assert again == first
+    assert status(m)["counters"]["fetch_not_cached"] > 0

@@ -1,0 +1,67 @@
+"""Per-file tiering actions behind the control commands: prefetch, release, pin."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import trio
+
+from ..meta.schema import HOT, PINNED
+
+
+async def prefetch(engine, ino: int, parallel: int = 8) -> dict:
+    """Bring every extent of a file hot; returns bytes fetched and already hot."""
+    node = engine.meta.get_inode(ino)
+    exts = engine.meta.all_extents(ino)
+    E = engine.E
+    out = {"fetched": 0, "already_hot": 0}
+    limiter = trio.CapacityLimiter(max(1, parallel))
+
+    async def one(idx: int) -> None:
+        async with limiter:
+            data = await engine.fetch(ino, idx, for_write=True)
+            out["fetched"] += len(data)
+
+    async with trio.open_nursery() as nursery:
+        for idx, ext in sorted(exts.items()):
+            if ext.hot:
+                out["already_hot"] += min(E, max(0, node.size - idx * E))
+            else:
+                nursery.start_soon(one, idx)
+    return out
+
+
+def release(engine, ino: int) -> dict:
+    """Drop the hot copies of a file's clean extents; data stays in the bucket."""
+    exts = engine.meta.all_extents(ino)
+    out = {"released": 0, "dirty_kept": 0, "pinned_kept": 0}
+    batch = {}
+    for idx, ext in exts.items():
+        if not ext.hot:
+            continue
+        if ext.dirty or not ext.obj_id:
+            out["dirty_kept"] += 1
+            continue
+        if ext.pinned:
+            out["pinned_kept"] += 1
+            continue
+        batch[(ino, idx)] = replace(ext, flags=ext.flags & ~HOT)
+        out["released"] += engine.index.sizes.get((ino, idx), 0)
+        engine.hot.remove(ino, idx)
+        engine.index.remove((ino, idx))
+    if batch:
+        engine.meta.update(None, batch)
+    return out
+
+
+def set_pinned(engine, ino: int, pinned: bool) -> int:
+    """Set or clear the pin bit on every extent of a file; returns extents changed."""
+    exts = engine.meta.all_extents(ino)
+    batch = {}
+    for idx, ext in exts.items():
+        flags = ext.flags | PINNED if pinned else ext.flags & ~PINNED
+        if flags != ext.flags:
+            batch[(ino, idx)] = replace(ext, flags=flags)
+            engine.index.set_pinned((ino, idx), pinned)
+    if batch:
+        engine.meta.update(None, batch)
+    return len(batch)

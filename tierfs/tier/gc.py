@@ -1,0 +1,49 @@
+"""Garbage collector: deletes bucket objects that no committed metadata references.
+
+Objects enter the gc table in the same LMDB transaction that drops their last
+reference, so an object is deleted only after that change is committed.
+"""
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from ..errors import ColdStoreError
+from ..meta.schema import object_name
+
+log = logging.getLogger(__name__)
+
+
+class GarbageCollector:
+    def __init__(self, engine, interval: float = 2.0, batch: int = 256):
+        self.engine = engine
+        self.interval = interval
+        self.batch = batch
+        self.deleted = 0
+        self.may_delete = lambda obj_id: True  # checkpoints may hold objects back
+
+    async def run(self) -> None:
+        while True:
+            await trio.sleep(self.interval)
+            await self.collect()
+
+    async def collect(self) -> int:
+        meta, cold = self.engine.meta, self.engine.cold
+        ids = [i for i in meta.gc_pending()[:self.batch] if self.may_delete(i)]
+        if not ids:
+            return 0
+
+        def delete_all():
+            for obj_id in ids:
+                cold.delete(object_name(obj_id))
+
+        try:
+            await trio.to_thread.run_sync(delete_all, limiter=self.engine.s3_limiter)
+        except ColdStoreError as e:
+            log.warning("gc: deleting objects failed (%s); will retry", e)
+            return 0
+        meta.gc_done(ids)
+        self.deleted += len(ids)
+        self.engine.stats.inc("gc_deleted", len(ids))
+        return len(ids)

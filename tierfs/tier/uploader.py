@@ -1,0 +1,156 @@
+"""Write-back: upload dirty extents to the bucket after a delay since their last
+write, with bounded parallelism.
+
+An upload reads the extent in a worker thread, checksums it, puts it under a
+fresh object id and then, back on the trio thread, marks the extent clean only
+if nobody wrote to it meanwhile (write generation unchanged). Superseded and
+unneeded objects go to the gc table in the same transaction.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import replace
+
+import trio
+
+from ..checksum import xxh3
+from ..errors import ColdStoreError, FsError
+from ..meta.schema import DIRTY, object_name
+from .cache import Key
+
+log = logging.getLogger(__name__)
+
+
+class Uploader:
+    def __init__(self, engine, space, *, delay: float, parallel: int):
+        self.engine = engine
+        self.space = space
+        self.delay = delay
+        self.limit = trio.CapacityLimiter(parallel)
+        self.in_flight: set[Key] = set()
+        self.urgent: set[int] | None = None   # inodes to upload now (sync), None = none
+        self._wake = trio.Event()
+        self.changed = trio.Event()           # fires after every finished upload
+        self.failures = 0
+        self.backoff_until = 0.0
+
+    def kick(self) -> None:
+        self._wake.set()
+
+    def _due(self, now: float) -> list[Key]:
+        urgent_all = self.space.need_upload.is_set()
+        urgent = self.urgent or set()
+        due = []
+        for key, info in self.engine.index.dirty.items():
+            if key in self.in_flight:
+                continue
+            if urgent_all or key[0] in urgent or now - info.last_write >= self.delay:
+                due.append(key)
+        return due
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            while True:
+                now = time.monotonic()
+                if now >= self.backoff_until:
+                    for key in self._due(now):
+                        self.in_flight.add(key)
+                        nursery.start_soon(self._upload_one, key)
+                    self.space.need_upload = trio.Event()
+                with trio.move_on_after(min(0.5, max(self.delay / 2, 0.05))):
+                    await self._wake.wait()
+                self._wake = trio.Event()
+
+    async def _upload_one(self, key: Key) -> None:
+        try:
+            async with self.limit:
+                await self.upload(key)
+        except ColdStoreError as e:
+            self.failures += 1
+            self.engine.stats.inc("upload_errors")
+            # Back off so a bucket outage does not become a hot loop.
+            self.backoff_until = time.monotonic() + min(30.0, 0.5 * 2 ** min(self.failures, 6))
+            log.warning("upload of inode %d extent %d failed (%s); will retry", *key, e)
+        except Exception:
+            log.exception("upload of inode %d extent %d failed", *key)
+        finally:
+            self.in_flight.discard(key)
+            self.changed.set()
+            self.changed = trio.Event()
+
+    async def upload(self, key: Key) -> None:
+        engine = self.engine
+        ino, idx = key
+        info = engine.index.dirty.get(key)
+        if info is None:
+            return
+        gen = info.gen
+        try:
+            node, exts = engine.meta.get_extents(ino, idx, idx)
+        except FsError:  # the inode was purged
+            engine.index.remove(key)
+            return
+        ext = exts.get(idx)
+        length = min(engine.E, node.size - idx * engine.E)
+        if ext is None or not ext.dirty or length <= 0:
+            engine.index.cleaned(key, gen)
+            return
+        fd = engine.hot.dup_fd(ino, idx)
+        if fd is None:
+            return  # removed meanwhile (truncate/unlink)
+        obj_id = engine.meta.next_object_id()
+        name = object_name(obj_id)
+
+        def read_and_put() -> tuple[int, int]:
+            try:
+                data = os.pread(fd, length, 0)
+            finally:
+                os.close(fd)
+            if len(data) < length:  # a hole at the end of the extent
+                data += bytes(length - len(data))
+            checksum = xxh3(data)
+            engine.cold.put(name, data)
+            return len(data), checksum
+
+        t0 = time.monotonic()
+        size, checksum = await trio.to_thread.run_sync(read_and_put, limiter=engine.s3_limiter)
+        engine.stats.inc("uploads")
+        engine.stats.inc("upload_bytes", size)
+        engine.stats.inc("upload_seconds_x1000", int((time.monotonic() - t0) * 1000))
+        self.failures = 0
+        # Back on the trio thread: is what we uploaded still the extent's content?
+        try:
+            _node, exts = engine.meta.get_extents(ino, idx, idx)
+        except FsError:
+            exts = {}
+        cur = exts.get(idx)
+        info = engine.index.dirty.get(key)
+        if cur is None or not cur.dirty or info is None or info.gen != gen:
+            engine.meta.update(None, {}, [obj_id])  # stale copy: let gc remove it
+            return
+        new = replace(cur, flags=cur.flags & ~DIRTY, length=size, checksum=checksum,
+                      obj_id=obj_id, obj_off=0, obj_len=size)
+        engine.meta.update(None, {key: new}, [cur.obj_id] if cur.obj_id else [])
+        engine.index.cleaned(key, gen)
+        self.space.uploaded()
+
+    async def flush(self, inos: set[int] | None) -> None:
+        """Upload every dirty extent of `inos` (all if None) now and wait for it."""
+        index = self.engine.index
+
+        def pending() -> bool:
+            return any(inos is None or k[0] in inos for k in index.dirty)
+
+        while pending():
+            if inos is None:
+                self.space.need_upload.set()
+            else:
+                self.urgent = (self.urgent or set()) | inos
+            if self.failures:
+                self.backoff_until = 0.0
+            self.kick()
+            await self.changed.wait()
+        if inos is not None and self.urgent:
+            self.urgent -= inos
