@@ -39,6 +39,11 @@ class MountConfig:
     upload_delay: float = 5.0           # seconds after the last write
     upload_parallel: int = 8
     unmount_upload_timeout: float = 60.0  # seconds unmount spends uploading dirty data
+    checkpoint_interval: float = 300.0  # seconds between metadata checkpoints (0: off)
+    checkpoint_keep: int = 3
+    cold_timeout: float = 30.0          # a cold read gives EIO after this long
+    force: bool = False                 # take over another node's writer lease
+    fault_file: str | None = None       # tests only: steer a fault-injecting store
     attr_timeout: float = 60.0
     allow_other: bool | None = None     # None: on when running as root
     default_permissions: bool = True

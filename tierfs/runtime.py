@@ -2,27 +2,22 @@
 in one trio nursery and shut down cleanly on unmount or signal."""
 from __future__ import annotations
 
-import errno
 import fcntl
 import logging
 import os
 import signal
-import stat
-import time
-import uuid
 
 import pyfuse3
 import trio
 
-from . import cold as cold_mod
 from .config import MountConfig
-from .errors import ObjectNotFound, UserError
+from .errors import ColdStoreError, UserError
+from .filesystem import attach, open_cold
 from .fs.control import Control
 from .fs.ops import Operations
 from .hot import HotStore
-from .meta import MetaStore
-from .meta.schema import FORMAT_VERSION, SUPERBLOCK_OBJECT, Superblock
 from .mountpoint import check_fuse_available, check_mountpoint
+from .tier.checkpoint import Checkpointer
 from .tier.engine import Engine
 from .tier.gc import GarbageCollector
 from .tier.space import Space
@@ -55,43 +50,6 @@ def lock_cache_dir(cache_dir: str) -> int:
     return fd
 
 
-def open_filesystem(cfg: MountConfig, cold, meta: MetaStore) -> tuple[Superblock, bool]:
-    """Find or create the filesystem at the cold location and match it with the
-    cache dir. Returns (superblock, created)."""
-    try:
-        raw = cold.get(SUPERBLOCK_OBJECT)
-    except ObjectNotFound:
-        raw = None
-    local = meta.superblock()
-    if raw is None:
-        if cold.list(""):
-            raise UserError(f"{cold.describe()} holds data that is not a tierfs filesystem: "
-                            f"use an empty location")
-        if local is not None:
-            raise UserError(f"cache dir {cfg.cache_dir} belongs to filesystem {local.fs_id}, "
-                            f"which is not at {cold.describe()}: use the right URL or a new cache dir")
-        sb = Superblock(fs_id=str(uuid.uuid4()), extent_size=cfg.extent_size,
-                        created_ns=time.time_ns())
-        cold.put(SUPERBLOCK_OBJECT, sb.encode())
-        meta.format(sb, os.getuid(), os.getgid())
-        return sb, True
-    try:
-        sb = Superblock.decode(raw)
-    except (ValueError, KeyError):
-        raise UserError(f"{cold.describe()}/{SUPERBLOCK_OBJECT} is not a valid tierfs "
-                        f"superblock: use another location") from None
-    if sb.format_version != FORMAT_VERSION:
-        raise UserError(f"filesystem at {cold.describe()} has format version {sb.format_version}, "
-                        f"this tierfs reads version {FORMAT_VERSION}: use a matching tierfs release")
-    if local is None:
-        raise UserError(f"cache dir {cfg.cache_dir} is empty but {cold.describe()} holds filesystem "
-                        f"{sb.fs_id}: mount with the cache dir it was created with")
-    if local.fs_id != sb.fs_id:
-        raise UserError(f"cache dir {cfg.cache_dir} belongs to filesystem {local.fs_id}, not to "
-                        f"{sb.fs_id} at {cold.describe()}: use the matching cache dir")
-    return local, False
-
-
 def set_bdi_readahead(mountpoint: str, kb: int) -> None:
     """Raise the FUSE connection's readahead: bigger reads, fewer round trips."""
     try:
@@ -121,14 +79,11 @@ class Daemon:
         check_fuse_available()
         self.notes += check_mountpoint(cfg.mountpoint)
         self._lock_fd = lock_cache_dir(cfg.cache_dir)
-        self.cold = cold_mod.open_store(cfg.cold_url, s3_endpoint=cfg.s3_endpoint,
-                                        s3_region=cfg.s3_region, s3_path_style=cfg.s3_path_style)
-        self.cold.check()
-        self.meta = MetaStore(os.path.join(cfg.cache_dir, "meta"))
-        self.sb, created = open_filesystem(cfg, self.cold, self.meta)
-        if created:
-            self.notes.append(f"created a new tierfs filesystem {self.sb.fs_id} at "
-                              f"{self.cold.describe()} (extent size {self.sb.extent_size})")
+        self.cold = open_cold(cfg, self.stats)
+        self.meta, self.sb, self.lease, notes = attach(cfg, self.cold, force=cfg.force)
+        self.notes += notes
+        if self.meta.abandon_intents():
+            log.info("uploads interrupted by the last shutdown were queued for cleanup")
         self.hot = HotStore(os.path.join(cfg.cache_dir, "hot"))
         self.engine = Engine(self.meta, self.hot, self.cold, self.sb.extent_size, self.stats)
         for problem in self.engine.load_index():
@@ -142,6 +97,11 @@ class Daemon:
         self.uploader = Uploader(self.engine, self.space, delay=cfg.upload_delay,
                                  parallel=cfg.upload_parallel)
         self.gc = GarbageCollector(self.engine)
+        self.uploader.paused = self.gc.paused = lambda: self.lease.fenced
+        self.checkpointer = Checkpointer(self.engine, cfg.cache_dir,
+                                         interval=cfg.checkpoint_interval,
+                                         keep=cfg.checkpoint_keep)
+        self.checkpointer.load()
         self.control = Control(self)
         self.ops = Operations(self.meta, self.engine, timeout=cfg.attr_timeout,
                               control=self.control)
@@ -182,21 +142,27 @@ class Daemon:
             self.engine.nursery = nursery
             nursery.start_soon(self.uploader.run)
             nursery.start_soon(self.gc.run)
+            nursery.start_soon(self.checkpointer.run)
+            nursery.start_soon(self.lease.run)
 
     async def _final_flush(self) -> None:
         """After the kernel let go: make local state durable, then try to upload
         what is dirty for a bounded time (the rest uploads on the next mount)."""
         await self.engine.sync_all()
-        if not self.engine.index.dirty:
-            await self.gc.collect()
+        if self.lease.fenced:
             return
-        log.info("uploading %d dirty extents before exit", len(self.engine.index.dirty))
+        if self.engine.index.dirty:
+            log.info("uploading %d dirty extents before exit", len(self.engine.index.dirty))
         with trio.move_on_after(self.cfg.unmount_upload_timeout):
             async with trio.open_nursery() as nursery:
                 self.engine.nursery = nursery
                 nursery.start_soon(self.uploader.run)
                 await self.uploader.flush(None)
-                await self.gc.collect()
+                try:
+                    await self.checkpointer.checkpoint()
+                    await self.gc.collect()
+                except ColdStoreError as e:
+                    log.warning("final metadata checkpoint failed: %s", e)
                 nursery.cancel_scope.cancel()
         if self.engine.index.dirty:
             log.warning("%d extents still dirty at exit; they upload on the next mount",
@@ -224,6 +190,7 @@ class Daemon:
             self.mounted = False
         if self.engine is not None:
             self.hot.close()
+            self.lease.release()
         if self.meta is not None:
             self.meta.close()
             self.meta = None

@@ -9,7 +9,7 @@ import sys
 from .. import __version__
 from ..config import MountConfig, format_size, parse_size
 from ..errors import UserError
-from . import tiering
+from . import offline, tiering
 
 
 def _add_mount_parser(sub) -> None:
@@ -50,6 +50,16 @@ def _add_mount_parser(sub) -> None:
                    help="S3 endpoint URL (default: AWS_ENDPOINT_URL or AWS)")
     p.add_argument("--s3-region", default=None, help="S3 region")
     p.add_argument("--s3-path-style", action="store_true", help="path-style S3 addressing")
+    p.add_argument("--checkpoint-interval", type=float, default=d.checkpoint_interval,
+                   help="seconds between metadata checkpoints into the bucket (0: only on "
+                   "sync --wait and unmount)")
+    p.add_argument("--checkpoint-keep", type=int, default=d.checkpoint_keep,
+                   help="metadata checkpoints kept in the bucket")
+    p.add_argument("--cold-timeout", type=float, default=d.cold_timeout,
+                   help="seconds a cold read retries a failing bucket before EIO")
+    p.add_argument("--force", action="store_true",
+                   help="take over the filesystem from another node known to be dead")
+    p.add_argument("--fault-file", default=None, help=argparse.SUPPRESS)  # tests only
     p.add_argument("--log-level", default=d.log_level,
                    choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="daemon log level")
 
@@ -64,7 +74,9 @@ def _config(args) -> MountConfig:
         allow_other=args.allow_other, default_permissions=args.default_permissions,
         writeback_cache=args.writeback_cache, read_ahead_kb=args.read_ahead_kb,
         s3_endpoint=args.s3_endpoint, s3_region=args.s3_region,
-        s3_path_style=args.s3_path_style, log_level=args.log_level)
+        s3_path_style=args.s3_path_style, log_level=args.log_level,
+        checkpoint_interval=args.checkpoint_interval, checkpoint_keep=args.checkpoint_keep,
+        cold_timeout=args.cold_timeout, force=args.force, fault_file=args.fault_file)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="mount point or a path inside it (default: the current directory)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     tiering.add_parsers(sub)
+    offline.add_parsers(sub)
     return parser
 
 
@@ -146,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
             return umount(args.mountpoint)
         if args.command == "status":
             return cmd_status(args)
+        if args.command in offline.COMMANDS:
+            return offline.COMMANDS[args.command](args)
         if args.command in tiering.COMMANDS:
             return tiering.COMMANDS[args.command](args)
     except UserError as e:

@@ -65,3 +65,33 @@ class FaultyStore:
 
     def describe(self) -> str:
         return f"faulty+{self.inner.describe()}"
+
+
+class ControlledFaults(FaultyStore):
+    """A FaultyStore steered from another process through a JSON file, e.g.
+    {"outage": true, "fail_rate": 0.2, "latency_s": 0.01, "corrupt_keys": ["data/..."]}.
+    The file is re-read when it changes; tests of a mounted daemon use it."""
+
+    def __init__(self, inner, control_path: str, *, seed: int = 0) -> None:
+        super().__init__(inner, seed=seed)
+        self.control_path = control_path
+        self._mtime = None
+
+    def _enter(self, op: str) -> None:
+        import json
+        import os
+        try:
+            mtime = os.stat(self.control_path).st_mtime_ns
+        except FileNotFoundError:
+            mtime = None
+        if mtime != self._mtime:
+            self._mtime = mtime
+            conf = {}
+            if mtime is not None:
+                with open(self.control_path) as f:
+                    conf = json.loads(f.read() or "{}")
+            self.outage = bool(conf.get("outage", False))
+            self.fail_rate = float(conf.get("fail_rate", 0.0))
+            self.latency_s = float(conf.get("latency_s", 0.0))
+            self.corrupt_keys = set(conf.get("corrupt_keys", ()))
+        super()._enter(op)

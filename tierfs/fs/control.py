@@ -98,6 +98,7 @@ class Control:
         await self.engine.sync_all()
         if req.get("wait"):
             await self.daemon.uploader.flush(inos)
+            await self.daemon.checkpointer.checkpoint()  # the namespace too
         else:
             self.daemon.uploader.urgent = (self.daemon.uploader.urgent or set()) | (inos or set())
             if inos is None:

@@ -250,8 +250,17 @@ class Operations(pyfuse3.Operations):
         node = self.meta.get_inode(inode)
         if stat.S_ISDIR(node.mode):
             raise FsError(errno.EISDIR)
-        if flags & os.O_TRUNC and node.size:
-            await self.engine.truncate(inode, 0)
+        if flags & os.O_TRUNC:
+            # The kernel leaves O_TRUNC to us (atomic_o_trunc), so do what a
+            # truncate() through setattr does: new mtime/ctime even if the file
+            # was already empty (POSIX), and a non-root caller loses setuid/setgid.
+            if node.size:
+                await self.engine.truncate(inode, 0)
+            node = self.meta.get_inode(inode)
+            node.mtime_ns = node.ctime_ns = time.time_ns()
+            if ctx.uid != 0:
+                node.mode = self._killpriv(node.mode)
+            self.meta.put_inode(node)
         return pyfuse3.FileInfo(fh=self._new_fh(inode, flags), keep_cache=True)
 
     @_guard

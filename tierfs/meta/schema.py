@@ -8,7 +8,7 @@ record version, so a later format can still read older records.
   tag  key                                   value
   ---  ------------------------------------  ---------------------------------------------
   S    b'S'                                  Superblock: format version, extent size, fs id
-  C    b'C' name                             counter (u64): b'ino', b'obj'
+  C    b'C' name                             counter (u64): b'ino', b'obj', b'epoch'
   I    b'I' ino:u64                          Inode (attributes, dir parent, next dir cookie)
   D    b'D' parent:u64 name                  Dentry: child ino:u64, cookie:u64
   K    b'K' parent:u64 cookie:u64            name (readdir order; cookies never reused)
@@ -16,7 +16,9 @@ record version, so a later format can still read older records.
   X    b'X' ino:u64 name                     xattr value bytes
   E    b'E' ino:u64 index:u64                Extent (state bits, length, xxh3, object ref)
   O    b'O' ino:u64                          b'' : inode unlinked while open, purge at mount
-  G    b'G' object id:u64                    b'' : object to delete from the bucket (gc)
+  G    b'G' object id:u64                    epoch:u64 : object to delete from the bucket once
+                                             every kept checkpoint is newer than `epoch`
+  U    b'U' object id:u64                    b'' : upload in flight (gc'd if the daemon dies)
 
 Directory cookies 1 and 2 are '.' and '..'; entries start at 3.
 """
@@ -100,6 +102,10 @@ def orphan_key(ino: int) -> bytes:
 
 def gc_key(obj_id: int) -> bytes:
     return b"G" + _U64.pack(obj_id)
+
+
+def intent_key(obj_id: int) -> bytes:
+    return b"U" + _U64.pack(obj_id)
 
 
 # ---- records ------------------------------------------------------------------

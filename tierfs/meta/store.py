@@ -36,7 +36,9 @@ class MetaStore:
                                  metasync=False, max_dbs=0, readahead=False)
         except lmdb.Error as e:
             raise UserError(f"cannot open metadata database in {path}: {e}") from None
-        self._counters: dict[bytes, int] = {}
+        with self.env.begin() as txn:
+            raw = txn.get(s.counter_key(b"epoch"))
+        self.epoch = s.read_u64(raw) if raw else 0  # last checkpoint sequence begun
 
     # ---- lifecycle ------------------------------------------------------------
     def close(self) -> None:
@@ -76,8 +78,23 @@ class MetaStore:
         return value
 
     def next_object_id(self) -> int:
+        """A fresh object id, recorded as an upload intent until the upload ends."""
         with self._write() as txn:
-            return self._next(txn, b"obj")
+            obj_id = self._next(txn, b"obj")
+            txn.put(s.intent_key(obj_id), b"")
+            return obj_id
+
+    def peek_counter(self, name: bytes) -> int:
+        with self._read() as txn:
+            raw = txn.get(s.counter_key(name))
+        return s.read_u64(raw) if raw else 0
+
+    def begin_epoch(self) -> int:
+        """Start checkpoint epoch N+1: objects dropped from now on may be in it."""
+        with self._write() as txn:
+            self.epoch += 1
+            txn.put(s.counter_key(b"epoch"), s.u64(self.epoch))
+        return self.epoch
 
     # ---- inodes ---------------------------------------------------------------
     def get_inode(self, ino: int) -> Inode:
@@ -387,7 +404,7 @@ class MetaStore:
                     if prefix[0:1] == b"E":
                         ext = Extent.decode(val)
                         if ext.obj_id:
-                            txn.put(s.gc_key(ext.obj_id), b"")
+                            txn.put(s.gc_key(ext.obj_id), s.u64(self.epoch))
             for key in keys:
                 txn.delete(key)
 
@@ -478,8 +495,9 @@ class MetaStore:
                     yield ino, idx, Extent.decode(val)
 
     def update(self, inode: Inode | None, extents: dict[tuple[int, int], Extent | None] = {},
-               gc_objects: Iterable[int] = ()) -> None:
-        """Write an inode and extent records (None deletes) in one transaction."""
+               gc_objects: Iterable[int] = (), uploaded: Iterable[int] = ()) -> None:
+        """Write an inode and extent records (None deletes), queue objects for gc and
+        close upload intents, all in one transaction."""
         with self._write() as txn:
             if inode is not None:
                 txn.put(s.inode_key(inode.ino), inode.encode())
@@ -489,7 +507,9 @@ class MetaStore:
                 else:
                     txn.put(s.extent_key(ino, idx), ext.encode())
             for obj in gc_objects:
-                txn.put(s.gc_key(obj), b"")
+                txn.put(s.gc_key(obj), s.u64(self.epoch))
+            for obj in uploaded:
+                txn.delete(s.intent_key(obj))
 
     def put_extent_if(self, ino: int, idx: int, expect: Extent, new: Extent) -> bool:
         """Compare-and-set an extent record (used after an await)."""
@@ -500,8 +520,49 @@ class MetaStore:
             txn.put(s.extent_key(ino, idx), new.encode())
             return True
 
-    def gc_pending(self) -> list[int]:
-        return [s.read_u64(k, 1) for k in self._keys(b"G")]
+    def gc_pending(self) -> list[tuple[int, int]]:
+        """(object id, epoch it was dropped in) of every object awaiting deletion."""
+        out = []
+        with self._read() as txn:
+            cur = txn.cursor()
+            if cur.set_range(b"G"):
+                for key, val in cur:
+                    if key[:1] != b"G":
+                        break
+                    out.append((s.read_u64(key, 1), s.read_u64(val) if val else 0))
+        return out
+
+    def upload_intents(self) -> list[int]:
+        return [s.read_u64(k, 1) for k in self._keys(b"U")]
+
+    def abandon_intents(self) -> int:
+        """Uploads that never finished (daemon died): their objects, if any, go to gc."""
+        ids = self.upload_intents()
+        if ids:
+            self.update(None, {}, ids, ids)
+        return len(ids)
+
+    def delete_raw(self, keys: Iterable[bytes]) -> None:
+        """Delete keys as they are (fsck repairs)."""
+        with self._write() as txn:
+            for key in keys:
+                txn.delete(key)
+
+    def relink(self, ino: int, parent_ino: int, name: bytes) -> None:
+        """Give an unreachable inode a name again (fsck: lost+found)."""
+        t = now_ns()
+        with self._write() as txn:
+            parent = self._dir_for_change(txn, parent_ino)
+            node = self._get(txn, ino)
+            if stat.S_ISDIR(node.mode):
+                node.nlink = 2
+                node.parent = parent_ino
+                parent.nlink += 1
+            else:
+                node.nlink = 1
+            self._add_entry(txn, parent, name, ino, t)
+            txn.put(s.inode_key(ino), node.encode())
+            txn.put(s.inode_key(parent_ino), parent.encode())
 
     def gc_done(self, obj_ids: Iterable[int]) -> None:
         with self._write() as txn:

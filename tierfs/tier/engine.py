@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import stat
 import time
 from dataclasses import replace
 
@@ -25,6 +26,14 @@ from .stats import Stats
 log = logging.getLogger(__name__)
 
 
+def kill_suid(mode: int) -> int:
+    """Mode after a write/truncate/chown: setuid goes, setgid too if group-executable."""
+    mode &= ~stat.S_ISUID
+    if mode & stat.S_IXGRP:
+        mode &= ~stat.S_ISGID
+    return mode
+
+
 class Engine:
     def __init__(self, meta: MetaStore, hot: HotStore, cold, extent_size: int,
                  stats: Stats | None = None, s3_threads: int = 16, io_threads: int = 8):
@@ -37,6 +46,7 @@ class Engine:
         self.s3_limiter = trio.CapacityLimiter(s3_threads)
         self.io_limiter = trio.CapacityLimiter(io_threads)
         self._fetching: dict[Key, trio.Event] = {}
+        self.gc_guard = lambda epoch: True  # may an object dropped in `epoch` go?
         self.busy: set[Key] = set()  # extents being changed: never evicted meanwhile
         self._unsynced: dict[int, set[int]] = {}
         self.space = None  # set by the tiering layer: awaits room on the hot tier
@@ -272,6 +282,8 @@ class Engine:
             pos += n
         if end > node.size:
             node.size = end
+        if node.mode & (stat.S_ISUID | stat.S_ISGID):
+            node.mode = kill_suid(node.mode)  # the kernel leaves this to us (killpriv)
         node.mtime_ns = node.ctime_ns = t
         self.meta.update(node, changed)
         self.stats.inc("write_bytes", length)

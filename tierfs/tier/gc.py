@@ -21,7 +21,7 @@ class GarbageCollector:
         self.interval = interval
         self.batch = batch
         self.deleted = 0
-        self.may_delete = lambda obj_id: True  # checkpoints may hold objects back
+        self.paused = lambda: False  # e.g. while this node is fenced off
 
     async def run(self) -> None:
         while True:
@@ -30,7 +30,10 @@ class GarbageCollector:
 
     async def collect(self) -> int:
         meta, cold = self.engine.meta, self.engine.cold
-        ids = [i for i in meta.gc_pending()[:self.batch] if self.may_delete(i)]
+        if self.paused():
+            return 0
+        # Kept checkpoints may still reference an object dropped in epoch e.
+        ids = [i for i, epoch in meta.gc_pending() if self.engine.gc_guard(epoch)][:self.batch]
         if not ids:
             return 0
 

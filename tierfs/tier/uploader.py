@@ -35,11 +35,14 @@ class Uploader:
         self.changed = trio.Event()           # fires after every finished upload
         self.failures = 0
         self.backoff_until = 0.0
+        self.paused = lambda: False  # e.g. while this node is fenced off
 
     def kick(self) -> None:
         self._wake.set()
 
     def _due(self, now: float) -> list[Key]:
+        if self.paused():
+            return []
         urgent_all = self.space.need_upload.is_set()
         urgent = self.urgent or set()
         due = []
@@ -115,7 +118,11 @@ class Uploader:
             return len(data), checksum
 
         t0 = time.monotonic()
-        size, checksum = await trio.to_thread.run_sync(read_and_put, limiter=engine.s3_limiter)
+        try:
+            size, checksum = await trio.to_thread.run_sync(read_and_put, limiter=engine.s3_limiter)
+        except BaseException:
+            engine.meta.update(None, {}, [obj_id], [obj_id])  # it may exist: let gc check
+            raise
         engine.stats.inc("uploads")
         engine.stats.inc("upload_bytes", size)
         engine.stats.inc("upload_seconds_x1000", int((time.monotonic() - t0) * 1000))
@@ -128,11 +135,11 @@ class Uploader:
         cur = exts.get(idx)
         info = engine.index.dirty.get(key)
         if cur is None or not cur.dirty or info is None or info.gen != gen:
-            engine.meta.update(None, {}, [obj_id])  # stale copy: let gc remove it
+            engine.meta.update(None, {}, [obj_id], [obj_id])  # stale copy: gc removes it
             return
         new = replace(cur, flags=cur.flags & ~DIRTY, length=size, checksum=checksum,
                       obj_id=obj_id, obj_off=0, obj_len=size)
-        engine.meta.update(None, {key: new}, [cur.obj_id] if cur.obj_id else [])
+        engine.meta.update(None, {key: new}, [cur.obj_id] if cur.obj_id else [], [obj_id])
         engine.index.cleaned(key, gen)
         self.space.uploaded()
 

@@ -1,0 +1,487 @@
+"""MetaStore on a real LMDB in a temp dir: namespace operations, readdir
+cookies, orphans, xattrs, extent maps and the gc table."""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+import pytest
+
+from tierfs.errors import FsError
+from tierfs.meta import MetaStore
+from tierfs.meta import schema as s
+from tierfs.meta.schema import DIRTY, HOT, ROOT_INO, Extent, Superblock
+
+REG = stat.S_IFREG | 0o644
+DIR = stat.S_IFDIR | 0o755
+NOREPLACE, EXCHANGE = 1, 2  # the values renameat2 uses
+
+
+def gc_ids(meta):
+    """Object ids waiting for gc (without the epoch they were dropped in)."""
+    return [obj for obj, _epoch in meta.gc_pending()]
+
+
+def never(_ino: int) -> bool:
+    return False
+
+
+def always(_ino: int) -> bool:
+    return True
+
+
+@pytest.fixture
+def meta(tmp_path):
+    m = MetaStore(str(tmp_path / "meta"), map_size=1 << 30)
+    m.format(Superblock(fs_id="test", extent_size=4 << 20), uid=0, gid=0)
+    yield m
+    if m.env is not None:
+        try:
+            m.close()
+        except Exception:  # already closed by the test
+            pass
+
+
+def err(fn, *args) -> int:
+    with pytest.raises(FsError) as info:
+        fn(*args)
+    return info.value.errno
+
+
+def mkfile(meta, parent, name, mode=REG, uid=0, gid=0):
+    return meta.create_node(parent, name, mode, uid, gid)
+
+
+def names(meta, ino) -> list[bytes]:
+    return [n for _c, n, _i in meta.readdir(ino, 0)]
+
+
+def has_key(meta, key: bytes) -> bool:
+    with meta.env.begin() as txn:
+        return txn.get(key) is not None
+
+
+# ---- format and counters -------------------------------------------------------------
+def test_format_and_reopen(tmp_path, meta):
+    root = meta.get_inode(ROOT_INO)
+    assert stat.S_ISDIR(root.mode) and root.nlink == 2 and root.parent == ROOT_INO
+    assert meta.superblock().fs_id == "test"
+    f = mkfile(meta, ROOT_INO, b"kept")
+    assert meta.next_object_id() == 1 and meta.next_object_id() == 2
+    meta.close()
+    again = MetaStore(str(tmp_path / "meta"), map_size=1 << 30)
+    try:
+        assert again.lookup(ROOT_INO, b"kept") == f.ino
+        assert again.next_object_id() == 3
+        assert again.inode_count() == f.ino + 1
+    finally:
+        again.close()
+
+
+def test_empty_store_has_no_superblock(tmp_path):
+    m = MetaStore(str(tmp_path / "fresh"), map_size=1 << 26)
+    try:
+        assert m.superblock() is None
+    finally:
+        m.close()
+
+
+# ---- create / lookup -----------------------------------------------------------------
+def test_create_and_lookup(meta):
+    before = meta.get_inode(ROOT_INO)
+    f = mkfile(meta, ROOT_INO, b"file", uid=5, gid=6)
+    d = meta.create_node(ROOT_INO, b"dir", DIR, 0, 0)
+    ln = meta.create_node(ROOT_INO, b"link", stat.S_IFLNK | 0o777, 0, 0, target=b"file")
+    dev = meta.create_node(ROOT_INO, b"null", stat.S_IFCHR | 0o600, 0, 0, rdev=0x103)
+    assert len({f.ino, d.ino, ln.ino, dev.ino}) == 4 and ROOT_INO not in {f.ino, d.ino}
+    assert meta.lookup(ROOT_INO, b"file") == f.ino
+    got = meta.get_inode(f.ino)
+    assert (got.mode, got.uid, got.gid, got.nlink, got.size) == (REG, 5, 6, 1, 0)
+    assert got.mtime_ns == got.ctime_ns == got.atime_ns > 0
+    dnode = meta.get_inode(d.ino)
+    assert dnode.nlink == 2 and dnode.parent == ROOT_INO
+    assert meta.readlink(ln.ino) == b"file" and meta.get_inode(ln.ino).size == 4
+    assert meta.get_inode(dev.ino).rdev == 0x103
+    root = meta.get_inode(ROOT_INO)
+    assert root.nlink == 3  # one subdirectory
+    assert root.mtime_ns >= before.mtime_ns and root.next_cookie == s.FIRST_COOKIE + 4
+    assert meta.lookup(ROOT_INO, b".") == ROOT_INO
+    assert meta.lookup(ROOT_INO, b"..") == ROOT_INO
+    assert meta.lookup(d.ino, b"..") == ROOT_INO
+    assert meta.lookup(d.ino, b".") == d.ino
+
+
+def test_create_errors(meta):
+    f = mkfile(meta, ROOT_INO, b"f")
+    assert err(mkfile, meta, ROOT_INO, b"f") == errno.EEXIST
+    assert err(mkfile, meta, ROOT_INO, b"x" * 256) == errno.ENAMETOOLONG
+    assert mkfile(meta, ROOT_INO, b"x" * 255).ino
+    for bad in (b"", b".", b"..", b"a/b"):
+        assert err(mkfile, meta, ROOT_INO, bad) == errno.EINVAL
+    assert err(mkfile, meta, f.ino, b"child") == errno.ENOTDIR
+    assert err(mkfile, meta, 999_999, b"child") == errno.ENOENT
+    assert err(meta.lookup, ROOT_INO, b"missing") == errno.ENOENT
+    assert err(meta.lookup, ROOT_INO, b"y" * 256) == errno.ENAMETOOLONG
+    assert err(meta.get_inode, 999_999) == errno.ENOENT
+    assert err(meta.readlink, f.ino) == errno.EINVAL
+
+
+def test_setgid_directory_inheritance(meta):
+    g = meta.create_node(ROOT_INO, b"g", DIR | stat.S_ISGID, 0, 77)
+    f = mkfile(meta, g.ino, b"f", uid=1, gid=2)
+    sub = meta.create_node(g.ino, b"sub", DIR, 1, 2)
+    assert f.gid == 77 and not f.mode & stat.S_ISGID
+    assert sub.gid == 77 and sub.mode & stat.S_ISGID
+    plain = meta.create_node(ROOT_INO, b"plain", DIR, 0, 77)
+    assert mkfile(meta, plain.ino, b"f", uid=1, gid=2).gid == 2
+
+
+def test_create_in_removed_directory(meta):
+    d = meta.create_node(ROOT_INO, b"d", DIR, 0, 0)
+    meta.rmdir(ROOT_INO, b"d", always)  # still open somewhere: orphaned
+    assert meta.get_inode(d.ino).nlink == 0
+    assert err(mkfile, meta, d.ino, b"f") == errno.ENOENT
+    assert err(meta.create_node, d.ino, b"sub", DIR, 0, 0) == errno.ENOENT
+
+
+# ---- link / unlink / rmdir -----------------------------------------------------------
+def test_link(meta):
+    f = mkfile(meta, ROOT_INO, b"a")
+    d = meta.create_node(ROOT_INO, b"d", DIR, 0, 0)
+    node = meta.link(f.ino, d.ino, b"b")
+    assert node.nlink == 2 and meta.get_inode(f.ino).nlink == 2
+    assert node.ctime_ns >= f.ctime_ns
+    assert meta.lookup(d.ino, b"b") == f.ino
+    assert err(meta.link, f.ino, d.ino, b"b") == errno.EEXIST
+    assert err(meta.link, d.ino, ROOT_INO, b"dirlink") == errno.EPERM
+    assert err(meta.link, f.ino, ROOT_INO, b"z" * 256) == errno.ENAMETOOLONG
+    assert err(meta.link, f.ino, f.ino, b"x") == errno.ENOTDIR
+    assert meta.get_inode(d.ino).nlink == 2  # links to files do not count
+
+
+def test_unlink_purges_when_unused(meta):
+    f = mkfile(meta, ROOT_INO, b"f")
+    meta.set_xattr(f.ino, b"user.a", b"1")
+    meta.update(None, {(f.ino, 0): Extent(flags=HOT, obj_id=11, length=3),
+                       (f.ino, 1): Extent(flags=HOT | DIRTY)})
+    assert meta.unlink(ROOT_INO, b"f", never) == (f.ino, True)
+    assert err(meta.lookup, ROOT_INO, b"f") == errno.ENOENT
+    assert err(meta.get_inode, f.ino) == errno.ENOENT
+    assert not has_key(meta, s.extent_key(f.ino, 0)) and not has_key(meta, s.extent_key(f.ino, 1))
+    assert meta.list_xattrs(f.ino) == []
+    assert gc_ids(meta) == [11]  # the uploaded extent's object goes to gc
+    assert names(meta, ROOT_INO) == []
+
+
+def test_unlink_one_of_two_links(meta):
+    f = mkfile(meta, ROOT_INO, b"a")
+    meta.link(f.ino, ROOT_INO, b"b")
+    assert meta.unlink(ROOT_INO, b"a", never) == (f.ino, False)
+    assert meta.get_inode(f.ino).nlink == 1
+    assert meta.lookup(ROOT_INO, b"b") == f.ino
+    assert meta.orphans() == []
+
+
+def test_unlink_in_use_orphans_then_purge(meta):
+    f = mkfile(meta, ROOT_INO, b"f")
+    meta.update(None, {(f.ino, 0): Extent(flags=HOT, obj_id=5)})
+    assert meta.unlink(ROOT_INO, b"f", lambda ino: ino == f.ino) == (f.ino, False)
+    node = meta.get_inode(f.ino)  # still there for the open file
+    assert node.nlink == 0
+    assert meta.orphans() == [f.ino]
+    assert meta.all_extents(f.ino)  # data kept
+    assert gc_ids(meta) == []
+    assert meta.purge_orphan(f.ino) is True
+    assert err(meta.get_inode, f.ino) == errno.ENOENT
+    assert meta.orphans() == [] and gc_ids(meta) == [5]
+    assert meta.purge_orphan(f.ino) is False
+
+
+def test_purge_orphan_ignores_linked_inodes(meta):
+    f = mkfile(meta, ROOT_INO, b"f")
+    assert meta.purge_orphan(f.ino) is False
+    assert meta.get_inode(f.ino).nlink == 1
+
+
+def test_unlink_errors(meta):
+    d = meta.create_node(ROOT_INO, b"d", DIR, 0, 0)
+    f = mkfile(meta, ROOT_INO, b"f")
+    assert err(meta.unlink, ROOT_INO, b"d", never) == errno.EISDIR
+    assert err(meta.unlink, ROOT_INO, b"missing", never) == errno.ENOENT
+    assert err(meta.unlink, ROOT_INO, b"m" * 256, never) == errno.ENAMETOOLONG
+    assert err(meta.unlink, f.ino, b"x", never) == errno.ENOTDIR
+    assert meta.lookup(ROOT_INO, b"d") == d.ino
+
+
+def test_rmdir(meta):
+    d = meta.create_node(ROOT_INO, b"d", DIR, 0, 0)
+    sub = meta.create_node(d.ino, b"sub", DIR, 0, 0)
+    mkfile(meta, ROOT_INO, b"f")
+    assert meta.get_inode(ROOT_INO).nlink == 3
+    assert err(meta.rmdir, ROOT_INO, b"d", never) == errno.ENOTEMPTY
+    assert err(meta.rmdir, ROOT_INO, b"f", never) == errno.ENOTDIR
+    assert err(meta.rmdir, ROOT_INO, b"missing", never) == errno.ENOENT
+    assert err(meta.rmdir, d.ino, b".", never) == errno.EINVAL
+    assert err(meta.rmdir, d.ino, b"..", never) == errno.ENOTEMPTY
+    assert meta.rmdir(d.ino, b"sub", never) == (sub.ino, True)
+    assert meta.get_inode(d.ino).nlink == 2
+    assert meta.rmdir(ROOT_INO, b"d", lambda i: True) == (d.ino, False)
+    assert meta.get_inode(ROOT_INO).nlink == 2
+    assert meta.get_inode(d.ino).nlink == 0 and meta.orphans() == [d.ino]
+    assert meta.purge_orphan(d.ino)
+
+
+# ---- rename --------------------------------------------------------------------------
+def rename(meta, op, on, np, nn, flags=0, in_use=never):
+    return meta.rename(op, on, np, nn, flags, in_use, NOREPLACE, EXCHANGE)
+
+
+def test_rename_simple_and_cross_directory(meta):
+    a = meta.create_node(ROOT_INO, b"a", DIR, 0, 0)
+    b = meta.create_node(ROOT_INO, b"b", DIR, 0, 0)
+    f = mkfile(meta, a.ino, b"f")
+    assert rename(meta, a.ino, b"f", a.ino, b"g") == (None, False)
+    assert meta.lookup(a.ino, b"g") == f.ino and err(meta.lookup, a.ino, b"f") == errno.ENOENT
+    assert rename(meta, a.ino, b"g", b.ino, b"h") == (None, False)
+    assert names(meta, a.ino) == [] and names(meta, b.ino) == [b"h"]
+    sub = meta.create_node(a.ino, b"sub", DIR, 0, 0)
+    assert meta.get_inode(a.ino).nlink == 3
+    rename(meta, a.ino, b"sub", b.ino, b"sub2")
+    assert meta.get_inode(a.ino).nlink == 2 and meta.get_inode(b.ino).nlink == 3
+    assert meta.get_inode(sub.ino).parent == b.ino
+    assert meta.lookup(sub.ino, b"..") == b.ino
+
+
+def test_rename_over_file(meta):
+    a = mkfile(meta, ROOT_INO, b"a")
+    b = mkfile(meta, ROOT_INO, b"b")
+    meta.update(None, {(b.ino, 0): Extent(obj_id=9)})
+    assert rename(meta, ROOT_INO, b"a", ROOT_INO, b"b") == (b.ino, True)
+    assert meta.lookup(ROOT_INO, b"b") == a.ino
+    assert err(meta.get_inode, b.ino) == errno.ENOENT and gc_ids(meta) == [9]
+    c = mkfile(meta, ROOT_INO, b"c")
+    assert rename(meta, ROOT_INO, b"c", ROOT_INO, b"b", in_use=always) == (a.ino, False)
+    assert meta.orphans() == [a.ino] and meta.lookup(ROOT_INO, b"b") == c.ino
+    # Replacing one name of a hard-linked file only drops a link.
+    meta.link(c.ino, ROOT_INO, b"c2")
+    d = mkfile(meta, ROOT_INO, b"d")
+    assert rename(meta, ROOT_INO, b"d", ROOT_INO, b"b") == (c.ino, False)
+    assert meta.get_inode(c.ino).nlink == 1 and meta.lookup(ROOT_INO, b"b") == d.ino
+
+
+def test_rename_dir_over_empty_dir(meta):
+    a = meta.create_node(ROOT_INO, b"a", DIR, 0, 0)
+    p = meta.create_node(ROOT_INO, b"p", DIR, 0, 0)
+    target = meta.create_node(p.ino, b"t", DIR, 0, 0)
+    assert meta.get_inode(ROOT_INO).nlink == 4 and meta.get_inode(p.ino).nlink == 3
+    assert rename(meta, ROOT_INO, b"a", p.ino, b"t") == (target.ino, True)
+    # Root lost a; p lost t and gained a: 3 and 3.
+    assert meta.get_inode(ROOT_INO).nlink == 3 and meta.get_inode(p.ino).nlink == 3
+    assert meta.get_inode(a.ino).parent == p.ino
+    same = meta.create_node(p.ino, b"empty", DIR, 0, 0)
+    assert rename(meta, p.ino, b"t", p.ino, b"empty") == (same.ino, True)
+    assert meta.get_inode(p.ino).nlink == 3
+
+
+def test_rename_errors(meta):
+    f = mkfile(meta, ROOT_INO, b"f")
+    full = meta.create_node(ROOT_INO, b"full", DIR, 0, 0)
+    inner = meta.create_node(full.ino, b"inner", DIR, 0, 0)
+    empty = meta.create_node(ROOT_INO, b"empty", DIR, 0, 0)
+    assert err(rename, meta, ROOT_INO, b"empty", ROOT_INO, b"full") == errno.ENOTEMPTY
+    assert err(rename, meta, ROOT_INO, b"empty", ROOT_INO, b"f") == errno.ENOTDIR
+    assert err(rename, meta, ROOT_INO, b"f", ROOT_INO, b"empty") == errno.EISDIR
+    assert err(rename, meta, ROOT_INO, b"full", inner.ino, b"x") == errno.EINVAL
+    assert err(rename, meta, ROOT_INO, b"full", full.ino, b"x") == errno.EINVAL
+    assert err(rename, meta, ROOT_INO, b"nope", ROOT_INO, b"x") == errno.ENOENT
+    assert err(rename, meta, ROOT_INO, b"f", ROOT_INO, b"n" * 256) == errno.ENAMETOOLONG
+    assert err(rename, meta, ROOT_INO, b"f", f.ino, b"x") == errno.ENOTDIR
+    assert err(rename, meta, ROOT_INO, b"f", ROOT_INO, b"full", NOREPLACE) == errno.EEXIST
+    assert err(rename, meta, ROOT_INO, b"f", ROOT_INO, b"none", EXCHANGE) == errno.ENOENT
+    assert sorted(names(meta, ROOT_INO)) == [b"empty", b"f", b"full"]
+    assert meta.get_inode(ROOT_INO).nlink == 4 and meta.get_inode(empty.ino).nlink == 2
+
+
+def test_rename_same_inode_is_noop(meta):
+    f = mkfile(meta, ROOT_INO, b"a")
+    meta.link(f.ino, ROOT_INO, b"b")
+    assert rename(meta, ROOT_INO, b"a", ROOT_INO, b"b") == (None, False)
+    assert sorted(names(meta, ROOT_INO)) == [b"a", b"b"]
+    assert meta.get_inode(f.ino).nlink == 2
+
+
+def test_rename_noreplace_to_free_name(meta):
+    f = mkfile(meta, ROOT_INO, b"a")
+    assert rename(meta, ROOT_INO, b"a", ROOT_INO, b"b", NOREPLACE) == (None, False)
+    assert meta.lookup(ROOT_INO, b"b") == f.ino
+
+
+def test_rename_exchange(meta):
+    x = meta.create_node(ROOT_INO, b"x", DIR, 0, 0)
+    y = meta.create_node(ROOT_INO, b"y", DIR, 0, 0)
+    f = mkfile(meta, x.ino, b"f")
+    sub = meta.create_node(y.ino, b"sub", DIR, 0, 0)
+    cookies_x = meta.readdir(x.ino, 0)
+    assert rename(meta, x.ino, b"f", y.ino, b"sub", EXCHANGE) == (None, False)
+    assert meta.lookup(x.ino, b"f") == sub.ino and meta.lookup(y.ino, b"sub") == f.ino
+    assert meta.get_inode(sub.ino).parent == x.ino
+    assert meta.get_inode(x.ino).nlink == 3 and meta.get_inode(y.ino).nlink == 2
+    # Each name keeps its readdir cookie.
+    assert [c for c, _n, _i in meta.readdir(x.ino, 0)] == [c for c, _n, _i in cookies_x]
+    assert meta.readdir(x.ino, 0)[0][2] == sub.ino
+    # Two files in one directory.
+    a, b = mkfile(meta, ROOT_INO, b"a"), mkfile(meta, ROOT_INO, b"b")
+    rename(meta, ROOT_INO, b"a", ROOT_INO, b"b", EXCHANGE)
+    assert meta.lookup(ROOT_INO, b"a") == b.ino and meta.lookup(ROOT_INO, b"b") == a.ino
+    # Not into its own subtree.
+    deeper = meta.create_node(sub.ino, b"deeper", DIR, 0, 0)
+    assert err(rename, meta, x.ino, b"f", sub.ino, b"deeper", EXCHANGE) == errno.EINVAL
+    assert meta.lookup(sub.ino, b"deeper") == deeper.ino
+
+
+# ---- readdir -------------------------------------------------------------------------
+def test_readdir_cookies_are_stable(meta):
+    d = meta.create_node(ROOT_INO, b"d", DIR, 0, 0)
+    inos = {n: mkfile(meta, d.ino, n).ino for n in (b"c", b"a", b"b")}
+    listing = meta.readdir(d.ino, 0)
+    assert listing == [(3, b"c", inos[b"c"]), (4, b"a", inos[b"a"]), (5, b"b", inos[b"b"])]
+    assert meta.readdir(d.ino, 2) == listing  # '.' and '..' are 1 and 2
+    assert meta.readdir(d.ino, 3) == listing[1:]
+    meta.unlink(d.ino, b"a", never)
+    assert meta.readdir(d.ino, 3) == [listing[2]]
+    assert meta.readdir(d.ino, 4) == [listing[2]]  # resuming after a removed cookie
+    e = mkfile(meta, d.ino, b"e")
+    assert meta.readdir(d.ino, 5) == [(6, b"e", e.ino)]  # cookies are never reused
+    rename(meta, d.ino, b"c", d.ino, b"c2")
+    assert meta.readdir(d.ino, 0) == [(5, b"b", inos[b"b"]), (6, b"e", e.ino),
+                                      (7, b"c2", inos[b"c"])]
+    assert meta.readdir(d.ino, 7) == []
+    assert meta.readdir(d.ino, 1 << 62) == []
+
+
+def test_readdir_pages_and_directories_do_not_mix(meta):
+    d1 = meta.create_node(ROOT_INO, b"d1", DIR, 0, 0)
+    d2 = meta.create_node(ROOT_INO, b"d2", DIR, 0, 0)
+    for i in range(1000):
+        mkfile(meta, d1.ino, b"f%04d" % i)
+    mkfile(meta, d2.ino, b"other")
+    seen, after = [], 0
+    while batch := meta.readdir(d1.ino, after, 64):
+        assert len(batch) <= 64
+        seen += batch
+        after = batch[-1][0]
+    assert [n for _c, n, _i in seen] == [b"f%04d" % i for i in range(1000)]
+    assert [c for c, _n, _i in seen] == list(range(3, 1003))
+    assert names(meta, d2.ino) == [b"other"]
+    empty = meta.create_node(ROOT_INO, b"empty", DIR, 0, 0)
+    assert meta.readdir(empty.ino, 0) == []
+
+
+def test_get_inodes(meta):
+    a, b = mkfile(meta, ROOT_INO, b"a"), mkfile(meta, ROOT_INO, b"b")
+    assert [n.ino for n in meta.get_inodes([b.ino, a.ino])] == [b.ino, a.ino]
+    assert err(meta.get_inodes, [a.ino, 999]) == errno.ENOENT
+
+
+# ---- xattrs --------------------------------------------------------------------------
+def test_xattrs(meta):
+    f = mkfile(meta, ROOT_INO, b"f")
+    g = mkfile(meta, ROOT_INO, b"g")
+    assert meta.get_xattr(f.ino, b"user.a") is None
+    meta.set_xattr(f.ino, b"user.b", b"2")
+    meta.set_xattr(f.ino, b"user.a", b"1")
+    meta.set_xattr(g.ino, b"user.z", b"other inode")
+    assert meta.get_inode(f.ino).ctime_ns >= f.ctime_ns
+    assert meta.list_xattrs(f.ino) == [b"user.a", b"user.b"]
+    assert meta.get_xattr(f.ino, b"user.a") == b"1"
+    assert err(meta.set_xattr, f.ino, b"user.a", b"x", os.XATTR_CREATE) == errno.EEXIST
+    assert err(meta.set_xattr, f.ino, b"user.c", b"x", os.XATTR_REPLACE) == errno.ENODATA
+    meta.set_xattr(f.ino, b"user.a", b"one", os.XATTR_REPLACE)
+    meta.set_xattr(f.ino, b"user.c", b"", os.XATTR_CREATE)
+    assert meta.get_xattr(f.ino, b"user.a") == b"one"
+    assert meta.get_xattr(f.ino, b"user.c") == b""
+    meta.remove_xattr(f.ino, b"user.b")
+    assert err(meta.remove_xattr, f.ino, b"user.b") == errno.ENODATA
+    assert meta.list_xattrs(f.ino) == [b"user.a", b"user.c"]
+    assert meta.list_xattrs(g.ino) == [b"user.z"]
+    assert err(meta.set_xattr, 999_999, b"user.a", b"1") == errno.ENOENT
+    assert err(meta.remove_xattr, 999_999, b"user.a") == errno.ENOENT
+
+
+# ---- extents -------------------------------------------------------------------------
+def test_extents_ranges_update_and_gc(meta):
+    f = mkfile(meta, ROOT_INO, b"f")
+    other = mkfile(meta, ROOT_INO, b"other")
+    exts = {i: Extent(flags=HOT, length=i, obj_id=100 + i) for i in (0, 1, 5, 255, 256, 1280)}
+    meta.update(None, {(f.ino, i): e for i, e in exts.items()})
+    meta.update(None, {(other.ino, 0): Extent(flags=HOT | DIRTY)})
+    node, got = meta.get_extents(f.ino, 0, 1 << 20)
+    assert node.ino == f.ino and got == exts and list(got) == sorted(exts)
+    assert meta.get_extents(f.ino, 1, 1)[1] == {1: exts[1]}
+    assert meta.get_extents(f.ino, 2, 2)[1] == {}
+    assert meta.get_extents(f.ino, 1, 255)[1] == {i: exts[i] for i in (1, 5, 255)}
+    assert meta.get_extents(f.ino, 2, 4)[1] == {}
+    assert meta.get_extents(f.ino, 256, (1 << 64) - 1)[1] == {i: exts[i] for i in (256, 1280)}
+    assert meta.all_extents(f.ino) == exts
+    assert meta.all_extents(other.ino) == {0: Extent(flags=HOT | DIRTY)}
+    assert err(meta.get_extents, 999_999, 0, 1) == errno.ENOENT
+    assert [(i, x) for i, x, _e in meta.iter_extents()] == \
+        [(f.ino, i) for i in sorted(exts)] + [(other.ino, 0)]
+    # Inode and extents in one transaction; None deletes; gc keys added.
+    node.size = 12345
+    meta.update(node, {(f.ino, 5): None, (f.ino, 1): Extent(flags=HOT | DIRTY),
+                       (f.ino, 9999): None}, gc_objects=[105, 42])
+    assert meta.get_inode(f.ino).size == 12345
+    assert sorted(meta.all_extents(f.ino)) == [0, 1, 255, 256, 1280]
+    assert meta.all_extents(f.ino)[1] == Extent(flags=HOT | DIRTY)
+    assert gc_ids(meta) == [42, 105]
+    meta.gc_done([42])
+    assert gc_ids(meta) == [105]
+    meta.gc_done([105, 7])  # unknown ids are fine
+    assert gc_ids(meta) == []
+
+
+def test_put_extent_if(meta):
+    f = mkfile(meta, ROOT_INO, b"f")
+    old = Extent(flags=HOT | DIRTY)
+    meta.update(None, {(f.ino, 0): old})
+    new = Extent(flags=HOT, length=10, checksum=1, obj_id=3, obj_len=10)
+    assert meta.put_extent_if(f.ino, 0, Extent(flags=HOT), new) is False
+    assert meta.all_extents(f.ino)[0] == old
+    assert meta.put_extent_if(f.ino, 0, old, new) is True
+    assert meta.all_extents(f.ino)[0] == new
+    assert meta.put_extent_if(f.ino, 1, old, new) is False  # missing record
+    assert 1 not in meta.all_extents(f.ino)
+
+
+def test_purge_removes_everything_of_the_inode(meta):
+    ln = meta.create_node(ROOT_INO, b"l", stat.S_IFLNK | 0o777, 0, 0, target=b"t")
+    f = mkfile(meta, ROOT_INO, b"f")
+    meta.set_xattr(f.ino, b"user.x", b"1")
+    meta.update(None, {(f.ino, 0): Extent(obj_id=1), (f.ino, 1): Extent(flags=HOT | DIRTY)})
+    keep = mkfile(meta, ROOT_INO, b"keep")
+    meta.set_xattr(keep.ino, b"user.x", b"kept")
+    meta.update(None, {(keep.ino, 0): Extent(obj_id=2)})
+    meta.unlink(ROOT_INO, b"l", never)
+    meta.unlink(ROOT_INO, b"f", never)
+    for key in (s.inode_key(ln.ino), s.symlink_key(ln.ino), s.inode_key(f.ino),
+                s.xattr_key(f.ino, b"user.x"), s.extent_key(f.ino, 0),
+                s.extent_key(f.ino, 1), s.orphan_key(f.ino)):
+        assert not has_key(meta, key), key
+    assert meta.get_xattr(keep.ino, b"user.x") == b"kept"
+    assert meta.all_extents(keep.ino) == {0: Extent(obj_id=2)}
+    assert gc_ids(meta) == [1]
+
+
+def test_orphans_survive_reopen(tmp_path, meta):
+    f = mkfile(meta, ROOT_INO, b"f")
+    meta.unlink(ROOT_INO, b"f", always)
+    meta.close()
+    again = MetaStore(str(tmp_path / "meta"), map_size=1 << 30)
+    try:
+        assert again.orphans() == [f.ino]
+        assert again.purge_orphan(f.ino)
+        assert again.orphans() == []
+    finally:
+        again.close()

@@ -1,0 +1,101 @@
+"""`tierfs recover` and `tierfs fsck`: work on a cache dir and its bucket while
+nothing is mounted."""
+from __future__ import annotations
+
+import os
+import sys
+from types import SimpleNamespace
+
+from ..config import MountConfig, parse_size
+from ..errors import UserError
+
+
+def _location_args(p) -> None:
+    p.add_argument("cold_url", metavar="COLD_URL", help="file:///path or s3://bucket/prefix")
+    p.add_argument("--cache-dir", required=True, help="the node's cache dir")
+    p.add_argument("--s3-endpoint", default=None)
+    p.add_argument("--s3-region", default=None)
+    p.add_argument("--s3-path-style", action="store_true")
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("recover", help="rebuild a lost node's metadata from the bucket",
+                       description="Rebuild the namespace in a new, empty cache dir from the "
+                       "newest metadata checkpoint in the bucket, and report what was lost. "
+                       "(Mounting with an empty cache dir does the same.)")
+    _location_args(p)
+    p.add_argument("--force", action="store_true",
+                   help="take over from a node that still holds the writer lease (known dead)")
+    p = sub.add_parser("fsck", help="check (and repair) a cache dir against its bucket",
+                       description="Offline check of metadata, hot tier files and bucket "
+                       "objects. Exit status: 0 clean, 1 problems repaired, 4 problems left.")
+    _location_args(p)
+    p.add_argument("--repair", action="store_true", help="fix what can be fixed safely")
+    p.add_argument("--verify-data", action="store_true",
+                   help="also read every clean extent (hot and cold) and verify checksums")
+
+
+def _config(args) -> MountConfig:
+    cfg = MountConfig(args.cold_url, "", os.path.abspath(args.cache_dir),
+                      s3_endpoint=args.s3_endpoint, s3_region=args.s3_region,
+                      s3_path_style=args.s3_path_style)
+    return cfg
+
+
+def cmd_recover(args) -> int:
+    from ..filesystem import attach, has_metadata, open_cold
+    from ..runtime import lock_cache_dir
+    cfg = _config(args)
+    lock = lock_cache_dir(cfg.cache_dir)
+    try:
+        if has_metadata(cfg.cache_dir):
+            raise UserError(f"cache dir {cfg.cache_dir} already holds metadata: recover into a "
+                            f"new, empty cache dir")
+        cold = open_cold(cfg)
+        meta, _sb, lease, notes = attach(cfg, cold, force=args.force)
+        for line in notes:
+            print(line)
+        meta.close()
+        lease.release()
+        print(f"ready: tierfs mount {args.cold_url} MOUNTPOINT --cache-dir {cfg.cache_dir}")
+        return 0
+    finally:
+        os.close(lock)
+
+
+def cmd_fsck(args) -> int:
+    from ..filesystem import has_metadata, meta_dir, open_cold, read_superblock
+    from ..hot import HotStore
+    from ..meta import MetaStore
+    from ..runtime import lock_cache_dir
+    from ..tier.fsck import Fsck
+    cfg = _config(args)
+    if not has_metadata(cfg.cache_dir):
+        raise UserError(f"{cfg.cache_dir} holds no tierfs metadata: give the cache dir of a node")
+    lock = lock_cache_dir(cfg.cache_dir)
+    try:
+        cold = open_cold(cfg)
+        sb = read_superblock(cold)
+        meta = MetaStore(meta_dir(cfg.cache_dir))
+        local = meta.superblock()
+        if sb is None or local is None or local.fs_id != sb.fs_id:
+            raise UserError(f"cache dir {cfg.cache_dir} does not belong to the filesystem at "
+                            f"{cold.describe()}")
+        hot = HotStore(os.path.join(cfg.cache_dir, "hot"))
+        findings = Fsck(meta, hot, cold, local.extent_size, repair=args.repair,
+                        verify_data=args.verify_data).run()
+        hot.close()
+        meta.close()
+    finally:
+        os.close(lock)
+    for f in findings:
+        print(f"{f.problem}" + (f": {f.fix}" if f.fix else ""))
+    if not findings:
+        print(f"{cfg.cache_dir} and {args.cold_url}: clean")
+        return 0
+    print(f"{len(findings)} problems" + (" repaired" if args.repair else
+                                          "; run again with --repair to fix them"))
+    return 1 if args.repair else 4
+
+
+COMMANDS = {"recover": cmd_recover, "fsck": cmd_fsck}

@@ -1,0 +1,66 @@
+"""Retries of transient object store errors with jittered exponential backoff.
+
+Wraps any ObjectStore. Each call is retried on transient errors (5xx, throttling,
+timeouts, resets) until it succeeds or its time budget runs out; then the last
+error is raised. Permanent errors pass straight through.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import time
+
+from ..errors import ColdStoreError
+
+log = logging.getLogger(__name__)
+
+
+class RetryingStore:
+    def __init__(self, inner, *, timeout: float = 30.0, base: float = 0.1, cap: float = 5.0,
+                 on_retry=None):
+        self.inner = inner
+        self.timeout = timeout
+        self.base = base
+        self.cap = cap
+        self.on_retry = on_retry or (lambda op, err: None)
+        self._rng = random.Random()
+
+    def _call(self, op: str, *args, timeout: float | None = None):
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        attempt = 0
+        while True:
+            try:
+                return getattr(self.inner, op)(*args)
+            except ColdStoreError as e:
+                if not e.transient:
+                    raise
+                attempt += 1
+                # "Full jitter": spreads retries of many threads after an outage.
+                delay = self._rng.uniform(0, min(self.cap, self.base * 2 ** attempt))
+                if time.monotonic() + delay > deadline:
+                    raise
+                self.on_retry(op, e)
+                log.debug("%s failed (%s); retry %d in %.2fs", op, e, attempt, delay)
+                time.sleep(delay)
+
+    def put(self, key: str, data: bytes, timeout: float | None = None) -> None:
+        self._call("put", key, data, timeout=timeout)
+
+    def get(self, key: str, offset: int = 0, length: int | None = None,
+            timeout: float | None = None) -> bytes:
+        return self._call("get", key, offset, length, timeout=timeout)
+
+    def delete(self, key: str) -> None:
+        self._call("delete", key)
+
+    def list(self, prefix: str = "") -> list[str]:
+        return self._call("list", prefix)
+
+    def size(self, key: str) -> int | None:
+        return self._call("size", key)
+
+    def check(self) -> None:
+        self.inner.check()
+
+    def describe(self) -> str:
+        return self.inner.describe()

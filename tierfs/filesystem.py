@@ -1,0 +1,101 @@
+"""Open the filesystem at a cold location for this node: find or create its
+superblock, take the writer lease, and attach the cache dir's metadata
+(recovering it from the newest checkpoint when the cache dir is new)."""
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+
+from . import cold as cold_mod
+from .cold.faulty import ControlledFaults
+from .cold.retry import RetryingStore
+from .errors import ObjectNotFound, UserError
+from .meta import MetaStore
+from .meta.schema import FORMAT_VERSION, SUPERBLOCK_OBJECT, Superblock
+from .tier.lease import LEASE_KEY, Lease
+from .tier.recover import recover
+
+log = logging.getLogger(__name__)
+
+
+def open_cold(cfg, stats=None):
+    """The configured object store, with retries (and test faults if asked)."""
+    store = cold_mod.open_store(cfg.cold_url, s3_endpoint=cfg.s3_endpoint,
+                                s3_region=cfg.s3_region, s3_path_style=cfg.s3_path_style)
+    store.check()
+    if getattr(cfg, "fault_file", None):
+        store = ControlledFaults(store, cfg.fault_file)
+    on_retry = (lambda op, err: stats.inc(f"s3_retries_{op}")) if stats else None
+    return RetryingStore(store, timeout=cfg.cold_timeout, on_retry=on_retry)
+
+
+def read_superblock(cold) -> Superblock | None:
+    """The filesystem's superblock, None for an empty location; refuses others."""
+    try:
+        raw = cold.get(SUPERBLOCK_OBJECT)
+    except ObjectNotFound:
+        if [k for k in cold.list("") if k != LEASE_KEY]:
+            raise UserError(f"{cold.describe()} holds data that is not a tierfs filesystem: "
+                            f"use an empty location") from None
+        return None
+    try:
+        sb = Superblock.decode(raw)
+    except (ValueError, KeyError):
+        raise UserError(f"{cold.describe()}/{SUPERBLOCK_OBJECT} is not a valid tierfs "
+                        f"superblock: use another location") from None
+    if sb.format_version != FORMAT_VERSION:
+        raise UserError(f"filesystem at {cold.describe()} has format version {sb.format_version}, "
+                        f"this tierfs reads version {FORMAT_VERSION}: use a matching tierfs release")
+    return sb
+
+
+def meta_dir(cache_dir: str) -> str:
+    return os.path.join(cache_dir, "meta")
+
+
+def has_metadata(cache_dir: str) -> bool:
+    return os.path.exists(os.path.join(meta_dir(cache_dir), "data.mdb"))
+
+
+def attach(cfg, cold, *, force: bool = False, allow_recover: bool = True):
+    """Returns (meta store, superblock, lease, notes for the user)."""
+    notes = []
+    sb = read_superblock(cold)
+    local_exists = has_metadata(cfg.cache_dir)
+    if sb is None and local_exists:
+        local = MetaStore(meta_dir(cfg.cache_dir)).superblock()
+        if local is not None:
+            raise UserError(f"cache dir {cfg.cache_dir} belongs to filesystem {local.fs_id}, "
+                            f"which is not at {cold.describe()}: use the right URL or a new "
+                            f"cache dir")
+    lease = Lease(cold, cfg.cache_dir, getattr(cfg, "mountpoint", ""))
+    took = lease.acquire(force)
+    if took:
+        notes.append(took)
+    if sb is None:
+        sb = Superblock(fs_id=str(uuid.uuid4()), extent_size=cfg.extent_size,
+                        created_ns=time.time_ns())
+        cold.put(SUPERBLOCK_OBJECT, sb.encode())
+        meta = MetaStore(meta_dir(cfg.cache_dir))
+        meta.format(sb, os.getuid(), os.getgid())
+        notes.append(f"created a new tierfs filesystem {sb.fs_id} at {cold.describe()} "
+                     f"(extent size {sb.extent_size})")
+        return meta, sb, lease, notes
+    if not local_exists:
+        if not allow_recover:
+            raise UserError(f"cache dir {cfg.cache_dir} holds no metadata of {cold.describe()}")
+        meta, report = recover(cold, meta_dir(cfg.cache_dir))
+        notes += report.lines()
+        for line in report.lines():
+            log.warning("recovery: %s", line)
+        return meta, sb, lease, notes
+    meta = MetaStore(meta_dir(cfg.cache_dir))
+    local = meta.superblock()
+    if local is None or local.fs_id != sb.fs_id:
+        meta.close()
+        raise UserError(f"cache dir {cfg.cache_dir} belongs to filesystem "
+                        f"{local.fs_id if local else '(none)'}, not to {sb.fs_id} at "
+                        f"{cold.describe()}: use the matching cache dir")
+    return meta, sb, lease, notes

@@ -1,0 +1,69 @@
+"""Whole-database scans for offline tools (fsck, recover): one read transaction
+each, yielding decoded records in key order."""
+from __future__ import annotations
+
+from typing import Iterator
+
+from . import schema as s
+from .schema import Extent, Inode
+
+
+def _scan(store, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+    with store.env.begin(buffers=False) as txn:
+        cur = txn.cursor()
+        if not cur.set_range(prefix):
+            return
+        for key, val in cur:
+            if not key.startswith(prefix):
+                return
+            yield key, val
+
+
+def inodes(store) -> Iterator[Inode]:
+    for key, val in _scan(store, b"I"):
+        yield Inode.decode(s.read_u64(key, 1), val)
+
+
+def dentries(store) -> Iterator[tuple[int, bytes, int, int]]:
+    """(parent, name, child ino, cookie)."""
+    for key, val in _scan(store, b"D"):
+        yield s.read_u64(key, 1), key[9:], s.read_u64(val), s.read_u64(val, 8)
+
+
+def cookies(store) -> Iterator[tuple[int, int, bytes]]:
+    """(parent, cookie, name)."""
+    for key, val in _scan(store, b"K"):
+        yield s.read_u64(key, 1), s.read_u64(key, 9), val
+
+
+def extents(store) -> Iterator[tuple[int, int, Extent]]:
+    for key, val in _scan(store, b"E"):
+        ino, idx = s.split_extent_key(key)
+        yield ino, idx, Extent.decode(val)
+
+
+def keys_with_ino(store, tag: bytes) -> Iterator[int]:
+    """Inode numbers of the T (symlink), X (xattr), O (orphan) tables."""
+    for key, _val in _scan(store, tag):
+        yield s.read_u64(key, 1)
+
+
+def paths(store) -> dict[int, str]:
+    """One path per reachable inode (hard links: any of its names)."""
+    parent_of: dict[int, tuple[int, bytes]] = {}
+    for parent, name, child, _cookie in dentries(store):
+        parent_of.setdefault(child, (parent, name))
+    out = {s.ROOT_INO: "/"}
+    for ino in parent_of:
+        chain = []
+        cur = ino
+        while cur not in out and cur in parent_of and len(chain) <= len(parent_of):
+            chain.append(cur)
+            cur = parent_of[cur][0]
+        base = out.get(cur)
+        for node in reversed(chain):
+            if base is None:
+                out[node] = f"<unreachable inode {node}>"
+                continue
+            base = out[node] = base.rstrip("/") + "/" + parent_of[node][1].decode(errors="replace")
+    return out

@@ -1,0 +1,123 @@
+"""Metadata checkpoints: consistent copies of the LMDB environment in the bucket.
+
+A checkpoint is taken from one LMDB read transaction (env.copy), so writers never
+pause. Before the copy, the metadata "epoch" is set to the checkpoint's sequence
+number; every object dropped afterwards is recorded in the gc table with that
+epoch, and gc deletes it only when every kept checkpoint is newer than it.
+Bucket layout: meta/ckpt-<seq:016x> holds a header line (JSON: seq, size, xxh3)
+followed by the LMDB file.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+
+import trio
+
+from ..checksum import xxh3
+from ..errors import ColdStoreError, UserError
+
+log = logging.getLogger(__name__)
+
+PREFIX = "meta/ckpt-"
+
+
+def checkpoint_name(seq: int) -> str:
+    return f"{PREFIX}{seq:016x}"
+
+
+def list_checkpoints(cold) -> list[int]:
+    """Sequence numbers of the checkpoints in the bucket, oldest first."""
+    out = []
+    for key in cold.list(PREFIX):
+        try:
+            out.append(int(key[len(PREFIX):], 16))
+        except ValueError:
+            continue
+    return sorted(out)
+
+
+def pack(seq: int, db: bytes) -> bytes:
+    header = json.dumps({"seq": seq, "size": len(db), "xxh3": xxh3(db)}).encode()
+    return header + b"\n" + db
+
+
+def unpack(blob: bytes) -> tuple[int, bytes]:
+    """(seq, LMDB file bytes) of a checkpoint; raises UserError if damaged."""
+    head, _, db = blob.partition(b"\n")
+    try:
+        meta = json.loads(head)
+    except ValueError:
+        raise UserError("checkpoint header is damaged") from None
+    if len(db) != meta["size"] or xxh3(db) != meta["xxh3"]:
+        raise UserError(f"checkpoint {meta.get('seq')} failed its checksum")
+    return meta["seq"], db
+
+
+def snapshot(meta_store, workdir: str) -> bytes:
+    """A consistent, compacted copy of the LMDB file (blocking: run in a thread)."""
+    tmp = tempfile.mkdtemp(prefix="ckpt-", dir=workdir)
+    try:
+        meta_store.env.copy(tmp, compact=True)
+        with open(os.path.join(tmp, "data.mdb"), "rb") as f:
+            return f.read()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+class Checkpointer:
+    def __init__(self, engine, workdir: str, *, interval: float, keep: int):
+        self.engine = engine
+        self.workdir = workdir
+        self.interval = interval
+        self.keep = max(1, keep)
+        self.kept: list[int] = []
+        self.last_done = 0.0
+        self._lock = trio.Lock()
+
+    def load(self) -> None:
+        """Learn which checkpoints exist (blocking; at startup)."""
+        self.kept = list_checkpoints(self.engine.cold)
+        self._tell_gc()
+
+    def _tell_gc(self) -> None:
+        oldest = self.kept[0] if self.kept else None
+        # An object dropped in epoch e may be in checkpoints <= e: keep it until
+        # every kept checkpoint is newer.
+        self.engine.gc_guard = (lambda epoch: oldest is None or epoch < oldest)
+
+    async def run(self) -> None:
+        if self.interval <= 0:
+            return
+        while True:
+            await trio.sleep(self.interval)
+            try:
+                await self.checkpoint()
+            except ColdStoreError as e:
+                log.warning("metadata checkpoint failed (%s); will retry", e)
+
+    async def checkpoint(self) -> int:
+        async with self._lock:
+            engine = self.engine
+            seq = engine.meta.begin_epoch()
+            t0 = time.monotonic()
+            db = await trio.to_thread.run_sync(snapshot, engine.meta, self.workdir,
+                                               limiter=engine.io_limiter)
+            blob = await trio.to_thread.run_sync(pack, seq, db)
+            await trio.to_thread.run_sync(engine.cold.put, checkpoint_name(seq), blob,
+                                          limiter=engine.s3_limiter)
+            self.kept.append(seq)
+            old, self.kept = self.kept[:-self.keep], self.kept[-self.keep:]
+            self._tell_gc()
+            for s in old:
+                await trio.to_thread.run_sync(engine.cold.delete, checkpoint_name(s),
+                                              limiter=engine.s3_limiter)
+            engine.stats.inc("checkpoints")
+            self.last_done = time.time()
+            log.info("metadata checkpoint %d: %d bytes in %.2fs", seq, len(db),
+                     time.monotonic() - t0)
+            return seq

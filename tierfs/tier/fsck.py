@@ -1,0 +1,214 @@
+"""Offline consistency check of a cache dir and its bucket (`tierfs fsck`).
+
+Checks metadata against itself (dentries, cookies, link counts, parents),
+against the hot tier (extent files present, no strays) and against the bucket
+(referenced objects exist, no orphan objects). With repair=True it fixes what
+it safely can and says what it did; data that is gone is reported, never
+invented.
+"""
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass, replace
+
+from ..checksum import xxh3
+from ..errors import ObjectNotFound
+from ..meta import scan
+from ..meta import schema as s
+from ..meta.schema import DIRTY, HOT, ROOT_INO, object_name
+
+
+@dataclass
+class Finding:
+    problem: str
+    fix: str = ""     # what repair did (empty: nothing, or not repairing)
+
+
+class Fsck:
+    def __init__(self, meta, hot, cold, extent_size: int, *, repair: bool, verify_data: bool):
+        self.meta, self.hot, self.cold, self.E = meta, hot, cold, extent_size
+        self.repair = repair
+        self.verify_data = verify_data
+        self.findings: list[Finding] = []
+
+    def found(self, problem: str, fix: str = "") -> None:
+        self.findings.append(Finding(problem, fix if self.repair else ""))
+
+    def run(self) -> list[Finding]:
+        self.inodes = {n.ino: n for n in scan.inodes(self.meta)}
+        self.check_namespace()
+        self.check_extents()
+        return self.findings
+
+    # ---- namespace ---------------------------------------------------------------
+    def check_namespace(self) -> None:
+        meta, inodes = self.meta, self.inodes
+        links: dict[int, int] = {}
+        subdirs: dict[int, int] = {}
+        dentry_cookies = set()
+        for parent, name, child, cookie in scan.dentries(meta):
+            if child not in inodes or parent not in inodes:
+                self.found(f"entry {name!r} in directory {parent} points to missing inode {child}",
+                           "removed the entry")
+                if self.repair:
+                    meta.delete_raw([s.dentry_key(parent, name), s.cookie_key(parent, cookie)])
+                continue
+            dentry_cookies.add((parent, cookie))
+            links[child] = links.get(child, 0) + 1
+            if stat.S_ISDIR(inodes[child].mode):
+                subdirs[parent] = subdirs.get(parent, 0) + 1
+                if inodes[child].parent != parent:
+                    self.found(f"directory {child} names {inodes[child].parent} as parent, "
+                               f"but lives in {parent}", "fixed its parent")
+                    if self.repair:
+                        inodes[child].parent = parent
+                        meta.put_inode(inodes[child])
+        for parent, cookie, name in scan.cookies(meta):
+            if (parent, cookie) not in dentry_cookies:
+                self.found(f"readdir cookie {cookie} of directory {parent} has no entry",
+                           "removed the cookie")
+                if self.repair:
+                    meta.delete_raw([s.cookie_key(parent, cookie)])
+        orphans = set(meta.orphans())
+        for ino, node in inodes.items():
+            if stat.S_ISDIR(node.mode):
+                want = 2 + subdirs.get(ino, 0)
+            else:
+                want = links.get(ino, 0)
+            if ino != ROOT_INO and links.get(ino, 0) == 0:
+                if ino in orphans:
+                    self.found(f"inode {ino} was unlinked while open and not purged",
+                               "purged it")
+                    if self.repair:
+                        meta.purge_orphan(ino)
+                        for idx in self.hot_files().pop(ino, ()):
+                            self.hot.remove(ino, idx)
+                else:
+                    self.found(f"inode {ino} is not reachable from the root",
+                               "linked it into /lost+found")
+                    if self.repair:
+                        self.to_lost_found(ino)
+                continue
+            if node.nlink != want:
+                self.found(f"inode {ino} has link count {node.nlink}, expected {want}",
+                           f"set it to {want}")
+                if self.repair:
+                    node.nlink = want
+                    meta.put_inode(node)
+
+    def to_lost_found(self, ino: int) -> None:
+        try:
+            lf = self.meta.lookup(ROOT_INO, b"lost+found")
+        except Exception:
+            lf = self.meta.create_node(ROOT_INO, b"lost+found", stat.S_IFDIR | 0o700, 0, 0).ino
+        node = self.inodes[ino]
+        if stat.S_ISDIR(node.mode):
+            node.nlink = 0  # link() refuses directories; re-create the entry by hand
+            self.meta.put_inode(node)
+        self.meta.relink(ino, lf, f"inode-{ino}".encode())
+
+    # ---- extents, hot files, objects -------------------------------------------------
+    def hot_files(self) -> dict[int, set[int]]:
+        if not hasattr(self, "_hot"):
+            self._hot: dict[int, set[int]] = {}
+            for ino, idx, _size in self.hot.scan():
+                self._hot.setdefault(ino, set()).add(idx)
+        return self._hot
+
+    def check_extents(self) -> None:
+        meta, E = self.meta, self.E
+        hot = {k: set(v) for k, v in self.hot_files().items()}
+        objects = set(self.cold.list("data/"))
+        pending = {obj for obj, _epoch in meta.gc_pending()} | set(meta.upload_intents())
+        referenced = set()
+        fixes = {}
+        gc = []
+        for ino, idx, ext in scan.extents(meta):
+            key = (ino, idx)
+            has_file = idx in hot.get(ino, ())
+            hot.get(ino, set()).discard(idx)
+            node = self.inodes.get(ino)
+            if ext.obj_id:
+                referenced.add(ext.obj_id)
+            if node is None or idx * E >= node.size:
+                what = "a missing inode" if node is None else "data beyond the end of the file"
+                self.found(f"extent {idx} of inode {ino} belongs to {what}", "removed it")
+                fixes[key] = None
+                if ext.obj_id:
+                    gc.append(ext.obj_id)
+                if has_file and self.repair:
+                    self.hot.remove(ino, idx)
+                continue
+            if ext.hot and not has_file:
+                if ext.dirty:
+                    self.found(f"inode {ino} extent {idx}: dirty hot file is missing, "
+                               f"its last changes are lost", "dropped the lost changes")
+                    fixes[key] = replace(ext, flags=ext.flags & ~(HOT | DIRTY)) if ext.obj_id else None
+                else:
+                    self.found(f"inode {ino} extent {idx}: hot file is missing "
+                               f"(the bucket still has it)", "marked it cold")
+                    fixes[key] = replace(ext, flags=ext.flags & ~HOT)
+                continue
+            if not ext.hot and has_file:
+                self.found(f"inode {ino} extent {idx}: stray hot file", "removed it")
+                if self.repair:
+                    self.hot.remove(ino, idx)
+            if not ext.dirty and ext.obj_id and object_name(ext.obj_id) not in objects:
+                if ext.hot:
+                    self.found(f"inode {ino} extent {idx}: object {ext.obj_id} is missing from "
+                               f"the bucket", "will upload the hot copy again")
+                    fixes[key] = replace(ext, flags=ext.flags | DIRTY)
+                else:
+                    self.found(f"inode {ino} extent {idx}: object {ext.obj_id} is missing from "
+                               f"the bucket and there is no hot copy: data lost",
+                               "removed the extent (reads as zeros)")
+                    fixes[key] = None
+                continue
+            if not ext.hot and not ext.obj_id:
+                self.found(f"inode {ino} extent {idx}: no copy anywhere", "removed it")
+                fixes[key] = None
+                continue
+            if self.verify_data and not ext.dirty:
+                self.verify(ino, idx, ext, fixes)
+        for ino, idxs in hot.items():
+            for idx in idxs:
+                self.found(f"stray hot file for inode {ino} extent {idx}", "removed it")
+                if self.repair:
+                    self.hot.remove(ino, idx)
+        for key in sorted(objects):
+            try:
+                obj_id = int(key[len("data/"):], 16)
+            except ValueError:
+                continue
+            if obj_id not in referenced and obj_id not in pending:
+                self.found(f"object {key} is not referenced by any file", "queued it for gc")
+                gc.append(obj_id)
+        if self.repair and (fixes or gc):
+            meta.update(None, fixes, gc)
+            meta.sync()
+
+    def verify(self, ino: int, idx: int, ext, fixes) -> None:
+        hot_ok = None
+        if ext.hot:
+            data = self.hot.read_whole(ino, idx, ext.length)
+            hot_ok = len(data) == ext.length and xxh3(data) == ext.checksum
+            if not hot_ok:
+                self.found(f"inode {ino} extent {idx}: hot copy fails its checksum",
+                           "dropped the hot copy")
+                fixes[(ino, idx)] = replace(ext, flags=ext.flags & ~HOT)
+                if self.repair:
+                    self.hot.remove(ino, idx)
+        try:
+            data = self.cold.get(object_name(ext.obj_id), ext.obj_off, ext.obj_len)
+            cold_ok = xxh3(data) == ext.checksum
+        except ObjectNotFound:
+            cold_ok = False
+        if not cold_ok:
+            if hot_ok:
+                self.found(f"inode {ino} extent {idx}: object {ext.obj_id} fails its checksum",
+                           "will upload the good hot copy again")
+                fixes[(ino, idx)] = replace(ext, flags=ext.flags | DIRTY)
+            else:
+                self.found(f"inode {ino} extent {idx}: object {ext.obj_id} fails its checksum "
+                           f"and there is no good copy: data lost")

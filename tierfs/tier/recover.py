@@ -1,0 +1,103 @@
+"""Rebuild a node's metadata from the newest checkpoint in the bucket.
+
+Everything uploaded before that checkpoint reads back (checksums verified as
+usual). Extents that were dirty on the dead node are reported: with an older
+uploaded version the file comes back with that version, without one the bytes
+read as zeros. Objects uploaded after the checkpoint are unreferenced and go to
+the gc table.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field, replace
+
+from ..errors import UserError
+from ..meta import MetaStore, scan
+from ..meta.schema import DIRTY, HOT, object_name
+from .checkpoint import checkpoint_name, list_checkpoints, unpack
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RecoveryReport:
+    checkpoint: int
+    files: int = 0
+    lost: list[str] = field(default_factory=list)       # bytes read as zeros
+    reverted: list[str] = field(default_factory=list)   # back to an older upload
+    stray_objects: int = 0
+    skipped_checkpoints: list[int] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = [f"recovered from metadata checkpoint {self.checkpoint}: {self.files} files"]
+        if self.skipped_checkpoints:
+            out.append(f"skipped damaged checkpoints {self.skipped_checkpoints}")
+        for p in self.lost:
+            out.append(f"lost: {p} (data written after its last upload is gone; holes read as zeros)")
+        for p in self.reverted:
+            out.append(f"reverted: {p} (changes after its last upload are gone)")
+        if self.stray_objects:
+            out.append(f"{self.stray_objects} objects uploaded after the checkpoint will be deleted")
+        if not (self.lost or self.reverted):
+            out.append("no data was lost")
+        return out
+
+
+def fetch_newest_checkpoint(cold) -> tuple[int, bytes, list[int]]:
+    seqs = list_checkpoints(cold)
+    if not seqs:
+        raise UserError(f"{cold.describe()} holds no metadata checkpoint: there is nothing "
+                        f"to recover from (was the filesystem ever synced or unmounted?)")
+    skipped = []
+    for seq in reversed(seqs):
+        try:
+            _seq, db = unpack(cold.get(checkpoint_name(seq)))
+            return seq, db, skipped
+        except UserError as e:
+            log.error("checkpoint %d is damaged (%s); trying an older one", seq, e)
+            skipped.append(seq)
+    raise UserError(f"every metadata checkpoint in {cold.describe()} is damaged")
+
+
+def recover(cold, meta_dir: str) -> tuple[MetaStore, RecoveryReport]:
+    """Install the newest checkpoint as the LMDB environment in `meta_dir` (which
+    must hold none) and make it consistent for this node (no hot data)."""
+    seq, db, skipped = fetch_newest_checkpoint(cold)
+    os.makedirs(meta_dir, exist_ok=True)
+    with open(os.path.join(meta_dir, "data.mdb"), "wb") as f:
+        f.write(db)
+        f.flush()
+        os.fsync(f.fileno())
+    meta = MetaStore(meta_dir)
+    report = RecoveryReport(checkpoint=seq, skipped_checkpoints=skipped)
+    lost, reverted, fixes, gc_ids = set(), set(), {}, []
+    for ino, idx, ext in scan.extents(meta):
+        if ext.dirty and ext.obj_id:
+            reverted.add(ino)
+            fixes[(ino, idx)] = replace(ext, flags=ext.flags & ~(HOT | DIRTY))
+        elif ext.dirty:
+            lost.add(ino)
+            fixes[(ino, idx)] = None
+        elif ext.hot:
+            fixes[(ino, idx)] = replace(ext, flags=ext.flags & ~HOT)
+    meta.update(None, fixes)
+    for ino in meta.orphans():  # were open on the dead node; nobody holds them now
+        meta.purge_orphan(ino)
+    # Objects the dead node uploaded after this checkpoint: nothing references them.
+    next_id = meta.peek_counter(b"obj")
+    for key in cold.list("data/"):
+        try:
+            obj_id = int(key[len("data/"):], 16)
+        except ValueError:
+            continue
+        if obj_id >= next_id and key == object_name(obj_id):
+            gc_ids.append(obj_id)
+    meta.update(None, {}, gc_ids)
+    meta.sync()
+    names = scan.paths(meta)
+    report.files = sum(1 for _ in scan.inodes(meta))
+    report.lost = sorted(names.get(i, f"<inode {i}>") for i in lost)
+    report.reverted = sorted(names.get(i, f"<inode {i}>") for i in reverted - lost)
+    report.stray_objects = len(gc_ids)
+    return meta, report
