@@ -87,7 +87,7 @@ class Daemon:
         self.hot = HotStore(os.path.join(cfg.cache_dir, "hot"))
         self.engine = Engine(self.meta, self.hot, self.cold, self.sb.extent_size, self.stats)
         for problem in self.engine.load_index():
-            log.warning("hot tier check: %s", problem)
+            log.error("hot tier check: %s", problem)
         for ino in self.meta.orphans():  # unlinked while open when the daemon stopped
             if self.meta.purge_orphan(ino):
                 self.engine.drop_inode(ino)

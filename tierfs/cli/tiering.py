@@ -119,6 +119,22 @@ def cmd_pin(args) -> int:
     return report_failures(failures)
 
 
+def cmd_scrub(args) -> int:
+    args.paths, args.recursive = [args.path], True
+    results, failures, secs = for_each_file("scrub", "scrub", args)
+    total = {k: sum(r[k] for r in results) for k in
+             ("hot_ok", "hot_repaired", "cold_ok", "cold_bad", "dirty_skipped")}
+    print(f"scrubbed {len(results)} files in {secs:.1f}s: {total['hot_ok']} hot extents ok, "
+          f"{total['hot_repaired']} damaged hot copies replaced from the bucket, "
+          f"{total['cold_ok']} objects ok, {total['cold_bad']} damaged objects, "
+          f"{total['dirty_skipped']} dirty extents not checked")
+    if total["cold_bad"]:
+        print("damaged objects with a good hot copy are uploaded again; the others are lost "
+              "(see the daemon log)", file=sys.stderr)
+        return 1
+    return report_failures(failures)
+
+
 def cmd_sync(args) -> int:
     path = os.path.abspath(args.path)
     st = os.stat(path)
@@ -155,7 +171,13 @@ def add_parsers(sub) -> None:
                        "in the bucket: the durability signal for checkpoints.")
     p.add_argument("path", metavar="PATH", nargs="?", default=".")
     p.add_argument("--wait", action="store_true", help="wait until the data is in the bucket")
+    p = sub.add_parser("scrub", help="verify checksums of hot copies and bucket objects",
+                       description="Re-read every clean extent under PATH (default: the "
+                       "current directory), hot copy and bucket object, and verify checksums. "
+                       "Damaged hot copies are replaced from the bucket.")
+    p.add_argument("path", metavar="PATH", nargs="?", default=".")
+    p.add_argument("-j", "--jobs", type=int, default=4, help="files checked in parallel")
 
 
 COMMANDS = {"prefetch": cmd_prefetch, "release": cmd_release, "pin": cmd_pin,
-            "unpin": cmd_pin, "sync": cmd_sync}
+            "unpin": cmd_pin, "sync": cmd_sync, "scrub": cmd_scrub}

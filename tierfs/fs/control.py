@@ -33,7 +33,7 @@ class Control:
         self.commands = {"status": self.cmd_status, "ping": self.cmd_ping,
                          "sync": self.cmd_sync, "prefetch": self.cmd_prefetch,
                          "release": self.cmd_release, "pin": self.cmd_pin,
-                         "unpin": self.cmd_unpin}
+                         "unpin": self.cmd_unpin, "scrub": self.cmd_scrub}
 
     # ---- virtual xattrs ------------------------------------------------------------
     def virtual_xattr(self, ino: int, name: bytes) -> bytes | None:
@@ -116,6 +116,9 @@ class Control:
         ino = int(req["ino"])
         fetched = await actions.prefetch(self.engine, ino)
         return {"pinned": actions.set_pinned(self.engine, ino, True), **fetched}
+
+    async def cmd_scrub(self, req, reply):
+        return await actions.scrub(self.engine, int(req["ino"]))
 
     async def cmd_unpin(self, req, reply):
         return {"unpinned": actions.set_pinned(self.engine, int(req["ino"]), False)}

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import trio
 
-from ..meta.schema import HOT, PINNED
+from ..meta.schema import DIRTY, HOT, PINNED
 
 
 async def prefetch(engine, ino: int, parallel: int = 8) -> dict:
@@ -48,6 +48,7 @@ def release(engine, ino: int) -> dict:
         out["released"] += engine.index.sizes.get((ino, idx), 0)
         engine.hot.remove(ino, idx)
         engine.index.remove((ino, idx))
+        engine.verified.discard((ino, idx))
     if batch:
         engine.meta.update(None, batch)
     return out
@@ -65,3 +66,37 @@ def set_pinned(engine, ino: int, pinned: bool) -> int:
     if batch:
         engine.meta.update(None, batch)
     return len(batch)
+
+
+async def scrub(engine, ino: int) -> dict:
+    """Re-read and verify every clean extent of a file, hot copy and object.
+    A damaged hot copy is replaced from the bucket; a damaged object is reported
+    (and re-uploaded from a good hot copy)."""
+    from ..errors import FsError
+    out = {"hot_ok": 0, "hot_repaired": 0, "cold_ok": 0, "cold_bad": 0, "dirty_skipped": 0}
+    for idx, ext in sorted(engine.meta.all_extents(ino).items()):
+        if ext.dirty or not ext.obj_id:
+            out["dirty_skipped"] += 1
+            continue
+        hot_good = False
+        if ext.hot:
+            engine.verified.discard((ino, idx))
+            if await engine.verify_hot_copy(ino, idx, ext):
+                out["hot_ok"] += 1
+                hot_good = True
+            else:
+                out["hot_repaired"] += 1
+        try:
+            data = await engine.get_verified(ext)
+            out["cold_ok"] += 1
+            if ext.hot and not hot_good:
+                await engine.fetch(ino, idx, for_write=True)
+        except FsError:
+            out["cold_bad"] += 1
+            if hot_good:  # upload the good hot copy again
+                _n, exts = engine.meta.get_extents(ino, idx, idx)
+                cur = exts.get(idx)
+                if cur is not None and cur.hot:
+                    engine.meta.update(None, {(ino, idx): replace(cur, flags=cur.flags | DIRTY)})
+                    engine.index.written((ino, idx), engine.index.sizes.get((ino, idx), 0))
+    return out

@@ -47,7 +47,11 @@ class Engine:
         self.io_limiter = trio.CapacityLimiter(io_threads)
         self._fetching: dict[Key, trio.Event] = {}
         self.gc_guard = lambda epoch: True  # may an object dropped in `epoch` go?
-        self.busy: set[Key] = set()  # extents being changed: never evicted meanwhile
+        self.busy: set[Key] = set()
+        # Clean hot extents whose checksum was checked since mount (or that we
+        # wrote ourselves): the first read of any other one verifies it.
+        self.verified: set[Key] = set()
+        self.verify_hot = True  # extents being changed: never evicted meanwhile
         self._unsynced: dict[int, set[int]] = {}
         self.space = None  # set by the tiering layer: awaits room on the hot tier
         self.nursery = None  # set once background tasks run: readahead lives there
@@ -66,8 +70,9 @@ class Engine:
             size = on_disk.pop(key, None)
             if ext.hot and size is None:
                 if ext.dirty:
-                    problems.append(f"inode {ino} extent {idx}: dirty hot file missing, data lost")
-                    fixes[key] = replace(ext, flags=ext.flags & ~(HOT | DIRTY)) if ext.obj_id else None
+                    # Keep the record: reads of it fail with EIO instead of zeros.
+                    problems.append(f"inode {ino} extent {idx}: dirty hot file missing, "
+                                    f"its data is lost (reads give EIO; fsck --repair drops it)")
                 else:
                     fixes[key] = replace(ext, flags=ext.flags & ~HOT)
                 continue
@@ -104,6 +109,14 @@ class Engine:
                 chunk = b""
             elif ext.hot:
                 try:
+                    if self.verify_hot and (ino, idx) not in self.verified and not ext.dirty:
+                        await self.verify_hot_copy(ino, idx, ext)
+                        _n, again = self.meta.get_extents(ino, idx, idx)
+                        if not (again.get(idx) and again[idx].hot):
+                            data = await self.fetch(ino, idx)  # the bad copy was dropped
+                            parts.append(self._pad(data[pos - start:pos - start + n], n))
+                            pos += n
+                            continue
                     chunk = self.hot.pread(ino, idx, pos - start, n)
                     self.index.touch((ino, idx))
                     self.stats.inc("hot_read_bytes", n)
@@ -114,12 +127,42 @@ class Engine:
                 data = await self.fetch(ino, idx)
                 chunk = data[pos - start:pos - start + n]
                 self.stats.inc("miss_read_bytes", n)
-            if len(chunk) < n:
-                chunk = bytes(chunk) + bytes(n - len(chunk))
-            parts.append(chunk)
+            parts.append(self._pad(chunk, n))
             pos += n
         self._readahead(ino, off, end, node.size)
         return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    @staticmethod
+    def _pad(chunk: bytes, n: int) -> bytes:
+        """Bytes past the end of an extent's data (holes) read as zeros."""
+        return chunk if len(chunk) >= n else bytes(chunk) + bytes(n - len(chunk))
+
+    async def verify_hot_copy(self, ino: int, idx: int, ext: Extent) -> bool:
+        """Check a clean hot extent against its recorded checksum (in a thread).
+        A bad copy is dropped, so the next read fetches the good one."""
+        key = (ino, idx)
+
+        def check() -> bool:
+            data = self.hot.read_whole(ino, idx, ext.length + 1)
+            return len(data) == ext.length and xxh3(data) == ext.checksum
+
+        try:
+            ok = await trio.to_thread.run_sync(check, limiter=self.io_limiter)
+        except FileNotFoundError:
+            ok = False
+        _n, exts = self.meta.get_extents(ino, idx, idx)
+        if exts.get(idx) != ext:
+            return True  # changed meanwhile: the new state is not ours to judge
+        if ok:
+            self.verified.add(key)
+            return True
+        self.stats.inc("hot_checksum_errors")
+        log.error("inode %d extent %d: hot copy is damaged; dropping it and refetching "
+                  "from the bucket", ino, idx)
+        self.meta.update(None, {key: replace(ext, flags=ext.flags & ~HOT)})
+        self.hot.remove(ino, idx)
+        self.index.remove(key)
+        return False
 
     def _readahead(self, ino: int, off: int, end: int, size: int) -> None:
         """Sequential readers get the next extents fetched in parallel, with a
@@ -203,6 +246,7 @@ class Engine:
             self.hot._forget_fd(ino, idx)
             if self.meta.put_extent_if(ino, idx, ext, replace(ext, flags=ext.flags | HOT)):
                 self.index.add(key, len(data), dirty=False, pinned=ext.pinned)
+                self.verified.add(key)
             else:
                 self.hot.remove(ino, idx)  # truncated or unlinked meanwhile
             return data
@@ -377,5 +421,7 @@ class Engine:
         for idx in self.index.indices(ino):
             self.hot.remove(ino, idx)
             self.index.remove((ino, idx))
+            self.verified.discard((ino, idx))
         self._unsynced.pop(ino, None)
         self._streams.pop(ino, None)
+

@@ -30,7 +30,8 @@ class RecoveryReport:
     skipped_checkpoints: list[int] = field(default_factory=list)
 
     def lines(self) -> list[str]:
-        out = [f"recovered from metadata checkpoint {self.checkpoint}: {self.files} files"]
+        out = [f"recovered from metadata checkpoint {self.checkpoint}: "
+               f"{self.files} files and directories"]
         if self.skipped_checkpoints:
             out.append(f"skipped damaged checkpoints {self.skipped_checkpoints}")
         for p in self.lost:

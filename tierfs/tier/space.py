@@ -81,6 +81,7 @@ class Space:
             freed += self.index.sizes.get(key, 0)
             self.engine.hot.remove(ino, idx)
             self.index.remove(key)
+            self.engine.verified.discard(key)
         for key in skipped:
             self.index.lru[key] = None
         if batch:

@@ -141,6 +141,7 @@ class Uploader:
                       obj_id=obj_id, obj_off=0, obj_len=size)
         engine.meta.update(None, {key: new}, [cur.obj_id] if cur.obj_id else [], [obj_id])
         engine.index.cleaned(key, gen)
+        engine.verified.add(key)  # the checksum was computed from this very hot copy
         self.space.uploaded()
 
     async def flush(self, inos: set[int] | None) -> None:
