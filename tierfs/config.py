@@ -1,8 +1,14 @@
-"""Mount options with their defaults, and parsing of human sizes."""
+"""Mount options: one table with types, defaults and help, read from a TOML file
+(--config), TIERFS_* environment variables and command-line flags.
+
+Precedence: command-line flag > environment variable > config file > default.
+"""
 from __future__ import annotations
 
+import os
 import re
-from dataclasses import dataclass, field
+import tomllib
+from dataclasses import dataclass, field, fields
 
 from .errors import UserError
 
@@ -33,25 +39,151 @@ class MountConfig:
     mountpoint: str
     cache_dir: str
     foreground: bool = False
-    extent_size: int = 4 << 20          # used when a new filesystem is created
-    cache_size: int = 0                 # hot tier high watermark; 0 = 90% of the disk
-    min_free: int = 1 << 30             # keep this much free on the NVMe
-    upload_delay: float = 5.0           # seconds after the last write
+    extent_size: int = 4 << 20
+    cache_size: int = 0
+    min_free: int = 1 << 30
+    upload_delay: float = 5.0
     upload_parallel: int = 8
-    unmount_upload_timeout: float = 60.0  # seconds unmount spends uploading dirty data
-    checkpoint_interval: float = 300.0  # seconds between metadata checkpoints (0: off)
+    unmount_upload_timeout: float = 60.0
+    checkpoint_interval: float = 300.0
     checkpoint_keep: int = 3
-    cold_timeout: float = 30.0          # a cold read gives EIO after this long
-    force: bool = False                 # take over another node's writer lease
-    fault_file: str | None = None       # tests only: steer a fault-injecting store
+    cold_timeout: float = 30.0
+    cache_policy: str = "lru"
     attr_timeout: float = 60.0
     allow_other: bool | None = None     # None: on when running as root
     default_permissions: bool = True
     writeback_cache: bool = True
     read_ahead_kb: int = 1024
-    cache_policy: str = "lru"           # or "no-replace"
     s3_endpoint: str | None = None
     s3_region: str | None = None
     s3_path_style: bool = False
+    metrics_port: int = 0
+    metrics_addr: str = "127.0.0.1"
     log_level: str = "INFO"
+    force: bool = False
+    fault_file: str | None = None       # tests only: steer a fault-injecting store
     extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str            # MountConfig field; flag --name-with-dashes; env TIERFS_NAME
+    kind: str            # size | float | int | bool | str
+    help: str
+    choices: tuple = ()
+    hidden: bool = False
+
+
+OPTIONS = (
+    Option("cache_dir", "str", "directory on local NVMe for the hot tier and the metadata "
+           "(required)"),
+    Option("foreground", "bool", "stay in the foreground"),
+    Option("extent_size", "size", "extent size of a NEW filesystem (fixed once created)"),
+    Option("cache_size", "size", "hot tier high watermark, e.g. 200G (0: 90%% of the cache disk)"),
+    Option("min_free", "size", "free space to keep on the cache disk"),
+    Option("upload_delay", "float", "seconds after the last write before an extent is uploaded"),
+    Option("upload_parallel", "int", "concurrent uploads"),
+    Option("unmount_upload_timeout", "float", "seconds unmount spends uploading dirty data"),
+    Option("checkpoint_interval", "float", "seconds between metadata checkpoints into the "
+           "bucket (0: only on sync --wait and unmount)"),
+    Option("checkpoint_keep", "int", "metadata checkpoints kept in the bucket"),
+    Option("cold_timeout", "float", "seconds a cold read retries a failing bucket before EIO"),
+    Option("cache_policy", "str", "eviction policy of the hot tier", ("lru", "no-replace")),
+    Option("attr_timeout", "float", "seconds the kernel may cache attributes and names"),
+    Option("allow_other", "bool", "make the mount visible to all users (default: on when "
+           "run as root)"),
+    Option("default_permissions", "bool", "let the kernel check file permissions"),
+    Option("writeback_cache", "bool", "use the kernel's writeback cache"),
+    Option("read_ahead_kb", "int", "kernel readahead of the mount in KiB"),
+    Option("s3_endpoint", "str", "S3 endpoint URL (default: AWS_ENDPOINT_URL or AWS)"),
+    Option("s3_region", "str", "S3 region"),
+    Option("s3_path_style", "bool", "path-style S3 addressing"),
+    Option("metrics_port", "int", "serve Prometheus metrics on this port (0: off)"),
+    Option("metrics_addr", "str", "address of the metrics endpoint"),
+    Option("log_level", "str", "daemon log level", ("DEBUG", "INFO", "WARNING", "ERROR")),
+    Option("force", "bool", "take over the filesystem from another node known to be dead"),
+    Option("fault_file", "str", "tests only", hidden=True),
+)
+_BY_NAME = {o.name: o for o in OPTIONS}
+_DEFAULTS = MountConfig("", "", "")
+
+
+def default(name: str):
+    return getattr(_DEFAULTS, name)
+
+
+def convert(opt: Option, value, source: str):
+    """Turn a raw value from a file, the environment or a flag into the option's type."""
+    if value is None:
+        return None
+    try:
+        if opt.kind == "size":
+            value = parse_size(value)
+        elif opt.kind == "float":
+            value = float(value)
+        elif opt.kind == "int":
+            value = int(value)
+        elif opt.kind == "bool" and not isinstance(value, bool):
+            low = str(value).strip().lower()
+            if low not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+                raise ValueError(value)
+            value = low in ("1", "true", "yes", "on")
+        elif opt.kind == "str":
+            value = str(value)
+    except (ValueError, TypeError):
+        raise UserError(f"invalid value {value!r} for {opt.name.replace('_', '-')} in "
+                        f"{source}: expected {opt.kind}") from None
+    if opt.choices and value not in opt.choices:
+        raise UserError(f"invalid value {value!r} for {opt.name.replace('_', '-')} in {source}: "
+                        f"choose one of {', '.join(opt.choices)}")
+    return value
+
+
+def read_config_file(path: str) -> dict:
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except FileNotFoundError:
+        raise UserError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"config file {path} is not valid TOML: {e}") from None
+    out = {}
+    for key, value in raw.items():
+        name = key.replace("-", "_")
+        if name in ("cold_url", "mountpoint"):
+            out[name] = str(value)
+            continue
+        opt = _BY_NAME.get(name)
+        if opt is None:
+            raise UserError(f"unknown option {key!r} in config file {path}")
+        out[name] = convert(opt, value, f"config file {path}")
+    return out
+
+
+def read_env(env) -> dict:
+    out = {name: env[f"TIERFS_{name.upper()}"] for name in ("cold_url", "mountpoint")
+           if env.get(f"TIERFS_{name.upper()}")}
+    for opt in OPTIONS:
+        raw = env.get("TIERFS_" + opt.name.upper())
+        if raw is not None:
+            out[opt.name] = convert(opt, raw, f"environment variable TIERFS_{opt.name.upper()}")
+    return out
+
+
+def build_config(flags: dict, config_path: str | None, env=os.environ) -> MountConfig:
+    """Merge defaults < config file < environment < flags (None = not given)."""
+    merged: dict = {}
+    if config_path:
+        merged.update(read_config_file(config_path))
+    merged.update(read_env(env))
+    for name, value in flags.items():
+        if value is not None:
+            opt = _BY_NAME.get(name)
+            merged[name] = convert(opt, value, "the command line") if opt else value
+    for required in ("cold_url", "mountpoint", "cache_dir"):
+        if not merged.get(required):
+            flag = required.replace("_", "-")
+            raise UserError(f"no {flag} given: pass it on the command line, as "
+                            f"TIERFS_{required.upper()} or in the --config file")
+    names = {f.name for f in fields(MountConfig)}
+    return MountConfig(**{k: v for k, v in merged.items() if k in names})

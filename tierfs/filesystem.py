@@ -27,8 +27,7 @@ def open_cold(cfg, stats=None):
     store.check()
     if getattr(cfg, "fault_file", None):
         store = ControlledFaults(store, cfg.fault_file)
-    on_retry = (lambda op, err: stats.inc(f"s3_retries_{op}")) if stats else None
-    return RetryingStore(store, timeout=cfg.cold_timeout, on_retry=on_retry)
+    return RetryingStore(store, timeout=cfg.cold_timeout, stats=stats)
 
 
 def read_superblock(cold) -> Superblock | None:

@@ -20,6 +20,7 @@ from .mountpoint import check_fuse_available, check_mountpoint
 from .tier.checkpoint import Checkpointer
 from .tier.engine import Engine
 from .tier.gc import GarbageCollector
+from .tier.hinted import HintQueue
 from .tier.space import Space
 from .tier.stats import Stats
 from .tier.uploader import Uploader
@@ -102,7 +103,15 @@ class Daemon:
                                          interval=cfg.checkpoint_interval,
                                          keep=cfg.checkpoint_keep)
         self.checkpointer.load()
+        self.hints = HintQueue(self.engine)
         self.control = Control(self)
+        if cfg.metrics_port:
+            from . import metrics
+            try:
+                metrics.serve(self, cfg.metrics_port, cfg.metrics_addr)
+            except OSError as e:
+                raise UserError(f"cannot serve metrics on {cfg.metrics_addr}:{cfg.metrics_port} "
+                                f"({e.strerror}): choose another --metrics-port") from None
         self.ops = Operations(self.meta, self.engine, timeout=cfg.attr_timeout,
                               control=self.control)
         self.ops.enable_writeback_cache = cfg.writeback_cache
@@ -140,10 +149,20 @@ class Daemon:
     async def _background(self) -> None:
         async with trio.open_nursery() as nursery:
             self.engine.nursery = nursery
-            nursery.start_soon(self.uploader.run)
-            nursery.start_soon(self.gc.run)
-            nursery.start_soon(self.checkpointer.run)
-            nursery.start_soon(self.lease.run)
+            for task in (self.uploader.run, self.gc.run, self.checkpointer.run,
+                         self.lease.run, self.hints.run):
+                nursery.start_soon(self._supervised, task)
+
+    async def _supervised(self, task) -> None:
+        """Run a background task forever: a bug in one must not take the mount down."""
+        while True:
+            try:
+                await task()
+                return
+            except Exception:
+                log.exception("background task %s failed; restarting it",
+                              getattr(task, "__qualname__", task))
+                await trio.sleep(1.0)
 
     async def _final_flush(self) -> None:
         """After the kernel let go: make local state durable, then try to upload

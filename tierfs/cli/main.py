@@ -7,76 +7,43 @@ import os
 import sys
 
 from .. import __version__
-from ..config import MountConfig, format_size, parse_size
+from ..config import OPTIONS, MountConfig, build_config, default, format_size
 from ..errors import UserError
 from . import offline, tiering
 
 
 def _add_mount_parser(sub) -> None:
-    d = MountConfig("", "", "")
     p = sub.add_parser("mount", help="mount a filesystem (creating it on first use)",
                        description="Mount the tierfs filesystem stored at COLD_URL on MOUNTPOINT. "
-                       "The first mount of an empty location creates the filesystem.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("cold_url", metavar="COLD_URL",
+                       "The first mount of an empty location creates the filesystem. Every "
+                       "option can also come from a TOML file (--config; keys as the long "
+                       "options) or an environment variable TIERFS_<OPTION> (e.g. "
+                       "TIERFS_CACHE_SIZE=200G); a flag beats the environment, which beats the "
+                       "file. Sizes take units: 64M, 200G, 1.5T.")
+    p.add_argument("cold_url", metavar="COLD_URL", nargs="?",
                    help="where cold data lives: file:///path or s3://bucket/prefix")
-    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="an empty directory")
-    p.add_argument("--cache-dir", required=True,
-                   help="directory on local NVMe for the hot tier and the metadata")
-    p.add_argument("--foreground", action="store_true", help="stay in the foreground")
-    p.add_argument("--extent-size", default="4M",
-                   help="extent size of a NEW filesystem (fixed once created)")
-    p.add_argument("--cache-size", default="0",
-                   help="hot tier high watermark, e.g. 200G (0: 90%% of the cache disk)")
-    p.add_argument("--min-free", default="1G", help="free space to keep on the cache disk")
-    p.add_argument("--upload-delay", type=float, default=d.upload_delay,
-                   help="seconds after the last write before an extent is uploaded")
-    p.add_argument("--upload-parallel", type=int, default=d.upload_parallel,
-                   help="concurrent uploads")
-    p.add_argument("--cache-policy", choices=("lru", "no-replace"), default=d.cache_policy,
-                   help="eviction policy of the hot tier")
-    p.add_argument("--attr-timeout", type=float, default=d.attr_timeout,
-                   help="seconds the kernel may cache attributes and names")
-    p.add_argument("--no-allow-other", dest="allow_other", action="store_const", const=False,
-                   default=None, help="make the mount visible only to the user who mounted it "
-                   "(default: visible to all users when run as root)")
-    p.add_argument("--no-default-permissions", dest="default_permissions", action="store_false",
-                   help="do not let the kernel check file permissions")
-    p.add_argument("--no-writeback-cache", dest="writeback_cache", action="store_false",
-                   help="disable the kernel's writeback cache")
-    p.add_argument("--read-ahead-kb", type=int, default=d.read_ahead_kb,
-                   help="kernel readahead of the mount in KiB")
-    p.add_argument("--s3-endpoint", default=None,
-                   help="S3 endpoint URL (default: AWS_ENDPOINT_URL or AWS)")
-    p.add_argument("--s3-region", default=None, help="S3 region")
-    p.add_argument("--s3-path-style", action="store_true", help="path-style S3 addressing")
-    p.add_argument("--checkpoint-interval", type=float, default=d.checkpoint_interval,
-                   help="seconds between metadata checkpoints into the bucket (0: only on "
-                   "sync --wait and unmount)")
-    p.add_argument("--checkpoint-keep", type=int, default=d.checkpoint_keep,
-                   help="metadata checkpoints kept in the bucket")
-    p.add_argument("--cold-timeout", type=float, default=d.cold_timeout,
-                   help="seconds a cold read retries a failing bucket before EIO")
-    p.add_argument("--force", action="store_true",
-                   help="take over the filesystem from another node known to be dead")
-    p.add_argument("--fault-file", default=None, help=argparse.SUPPRESS)  # tests only
-    p.add_argument("--log-level", default=d.log_level,
-                   choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="daemon log level")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", nargs="?", help="an empty directory")
+    p.add_argument("--config", metavar="FILE", help="TOML file with mount options")
+    for opt in OPTIONS:
+        flag = "--" + opt.name.replace("_", "-")
+        if opt.hidden:
+            p.add_argument(flag, default=None, help=argparse.SUPPRESS)
+            continue
+        dflt = default(opt.name)
+        shown = ("auto" if dflt is None and opt.kind == "bool" else
+                 format_size(dflt) if opt.kind == "size" and dflt else dflt)
+        helptext = f"{opt.help} (default: {shown})" if opt.name != "cache_dir" else opt.help
+        if opt.kind == "bool":
+            p.add_argument(flag, default=None, action=argparse.BooleanOptionalAction,
+                           help=helptext)
+        else:
+            p.add_argument(flag, default=None, choices=opt.choices or None, help=helptext)
 
 
 def _config(args) -> MountConfig:
-    return MountConfig(
-        cold_url=args.cold_url, mountpoint=args.mountpoint, cache_dir=args.cache_dir,
-        foreground=args.foreground, extent_size=parse_size(args.extent_size),
-        cache_size=parse_size(args.cache_size), min_free=parse_size(args.min_free),
-        upload_delay=args.upload_delay, upload_parallel=args.upload_parallel,
-        cache_policy=args.cache_policy, attr_timeout=args.attr_timeout,
-        allow_other=args.allow_other, default_permissions=args.default_permissions,
-        writeback_cache=args.writeback_cache, read_ahead_kb=args.read_ahead_kb,
-        s3_endpoint=args.s3_endpoint, s3_region=args.s3_region,
-        s3_path_style=args.s3_path_style, log_level=args.log_level,
-        checkpoint_interval=args.checkpoint_interval, checkpoint_keep=args.checkpoint_keep,
-        cold_timeout=args.cold_timeout, force=args.force, fault_file=args.fault_file)
+    flags = {opt.name: getattr(args, opt.name) for opt in OPTIONS}
+    flags["cold_url"], flags["mountpoint"] = args.cold_url, args.mountpoint
+    return build_config(flags, args.config)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_status(args) -> int:
-    from .client import call
+    from ..client import call
     path = os.path.abspath(args.path)
     st = os.stat(path)
     import stat as _stat
@@ -120,6 +87,17 @@ def cmd_status(args) -> int:
           f"{out['upload_backlog_age_s']:.1f}s, in flight {out['uploads_in_flight']}")
     hit = out["hit_rate"]
     print(f"hit rate     {'-' if hit is None else f'{hit * 100:.1f}%'} of bytes read")
+    c = out["counters"]
+    requests = sum(v for k, v in c.items() if k.startswith("s3_requests:"))
+    errors = sum(v for k, v in c.items() if k.startswith("s3_errors:"))
+    print(f"bucket       {requests} requests, {errors} errors, {c.get('uploads', 0)} uploads "
+          f"({format_size(c.get('upload_bytes', 0))}), {c.get('cold_reads', 0)} fetches "
+          f"({format_size(c.get('cold_read_bytes', 0))})")
+    print(f"hot tier     {c.get('evictions', 0)} evictions, "
+          f"{c.get('backpressure_waits', 0)} writer waits for room")
+    print(f"integrity    {c.get('checksum_errors', 0)} bucket and "
+          f"{c.get('hot_checksum_errors', 0)} hot checksum failures, "
+          f"{c.get('checkpoints', 0)} metadata checkpoints")
     if "file" in out:
         f = out["file"]
         print(f"file         {path}: {format_size(f['size'])}, hot {format_size(f['hot'])}, "
@@ -151,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = _config(args)
             from ..cold import parse_cold_url
             parse_cold_url(cfg.cold_url)  # fail fast on a malformed URL
-            if args.foreground:
+            if cfg.foreground:
                 return run_daemon(cfg)
             return spawn_daemon(argv)
         if args.command == "umount":

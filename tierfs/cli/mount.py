@@ -12,7 +12,7 @@ import time
 from ..config import MountConfig
 from ..errors import UserError
 from ..mountpoint import mounts, unmount_lazy
-from .client import daemon_info
+from ..client import daemon_info
 
 READY_ENV = "TIERFS_READY_FD"
 log = logging.getLogger("tierfs")

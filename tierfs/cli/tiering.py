@@ -9,7 +9,7 @@ import time
 
 from ..config import format_size
 from ..errors import UserError
-from .client import call
+from ..client import call
 
 
 def collect_files(paths: list[str], recursive: bool) -> list[tuple[str, int, int]]:

@@ -17,12 +17,12 @@ log = logging.getLogger(__name__)
 
 class RetryingStore:
     def __init__(self, inner, *, timeout: float = 30.0, base: float = 0.1, cap: float = 5.0,
-                 on_retry=None):
+                 stats=None):
         self.inner = inner
+        self.stats = stats
         self.timeout = timeout
         self.base = base
         self.cap = cap
-        self.on_retry = on_retry or (lambda op, err: None)
         self._rng = random.Random()
 
     def _call(self, op: str, *args, timeout: float | None = None):
@@ -30,8 +30,13 @@ class RetryingStore:
         attempt = 0
         while True:
             try:
+                if self.stats:
+                    self.stats.inc(f"s3_requests:{op}")
                 return getattr(self.inner, op)(*args)
             except ColdStoreError as e:
+                if self.stats:
+                    kind = type(e).__name__ + ("/transient" if e.transient else "")
+                    self.stats.inc(f"s3_errors:{op}:{kind}")
                 if not e.transient:
                     raise
                 attempt += 1
@@ -39,7 +44,6 @@ class RetryingStore:
                 delay = self._rng.uniform(0, min(self.cap, self.base * 2 ** attempt))
                 if time.monotonic() + delay > deadline:
                     raise
-                self.on_retry(op, e)
                 log.debug("%s failed (%s); retry %d in %.2fs", op, e, attempt, delay)
                 time.sleep(delay)
 

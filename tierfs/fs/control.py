@@ -19,6 +19,7 @@ import trio
 
 from ..errors import FsError, TierfsError
 from ..fs.ops import CONTROL_XATTR, STATE_XATTR
+from ..meta.schema import ROOT_INO
 from ..tier import actions
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,8 @@ class Control:
         self.commands = {"status": self.cmd_status, "ping": self.cmd_ping,
                          "sync": self.cmd_sync, "prefetch": self.cmd_prefetch,
                          "release": self.cmd_release, "pin": self.cmd_pin,
-                         "unpin": self.cmd_unpin, "scrub": self.cmd_scrub}
+                         "unpin": self.cmd_unpin, "scrub": self.cmd_scrub,
+                         "hint": self.cmd_hint}
 
     # ---- virtual xattrs ------------------------------------------------------------
     def virtual_xattr(self, ino: int, name: bytes) -> bytes | None:
@@ -116,6 +118,29 @@ class Control:
         ino = int(req["ino"])
         fetched = await actions.prefetch(self.engine, ino)
         return {"pinned": actions.set_pinned(self.engine, ino, True), **fetched}
+
+    async def cmd_hint(self, req, reply):
+        inos, unknown = [], 0
+        for rel in req.get("paths", []):
+            ino = self.resolve(rel)
+            if ino is None:
+                unknown += 1
+            else:
+                inos.append(ino)
+        self.daemon.hints.add(inos, bool(req.get("replace")))
+        return {"queued": len(inos), "unknown": unknown}
+
+    def resolve(self, rel: str) -> int | None:
+        """Inode of a path relative to the mount root (no symlinks followed)."""
+        ino = ROOT_INO
+        for part in rel.split("/"):
+            if part in ("", "."):
+                continue
+            try:
+                ino = self.meta.lookup(ino, part.encode())
+            except FsError:
+                return None
+        return ino
 
     async def cmd_scrub(self, req, reply):
         return await actions.scrub(self.engine, int(req["ino"]))

@@ -32,10 +32,13 @@ STATE_XATTR = b"user.tierfs.state"
 def _guard(fn):
     """Map domain errors to FUSEError; anything unexpected is logged once and
     becomes EIO, because an exception escaping a handler kills the mount."""
+    op = fn.__name__
+
     @functools.wraps(fn)
-    async def wrapper(*args):
+    async def wrapper(self, *args):
+        t0 = time.perf_counter()
         try:
-            return await fn(*args)
+            return await fn(self, *args)
         except pyfuse3.FUSEError:
             raise
         except FsError as e:
@@ -52,6 +55,8 @@ def _guard(fn):
         except Exception:
             log.exception("unexpected error in %s", fn.__name__)
             raise pyfuse3.FUSEError(errno.EIO) from None
+        finally:
+            self.stats.observe("fuse_op_seconds", op, time.perf_counter() - t0)
     return wrapper
 
 
@@ -73,6 +78,7 @@ class Operations(pyfuse3.Operations):
         self.engine = engine
         self.timeout = timeout
         self.control = control  # answers the user.tierfs.* virtual xattrs
+        self.stats = engine.stats
         self.lookups: dict[int, int] = {}
         self.open_count: dict[int, int] = {}
         self.handles: dict[int, Handle] = {}

@@ -8,8 +8,9 @@ import trio
 from ..meta.schema import DIRTY, HOT, PINNED
 
 
-async def prefetch(engine, ino: int, parallel: int = 8) -> dict:
-    """Bring every extent of a file hot; returns bytes fetched and already hot."""
+async def prefetch(engine, ino: int, parallel: int = 8, for_write: bool = True) -> dict:
+    """Bring every extent of a file hot; returns bytes fetched and already hot.
+    for_write=False lets the cache policy decline (hints under no-replace)."""
     node = engine.meta.get_inode(ino)
     exts = engine.meta.all_extents(ino)
     E = engine.E
@@ -18,7 +19,7 @@ async def prefetch(engine, ino: int, parallel: int = 8) -> dict:
 
     async def one(idx: int) -> None:
         async with limiter:
-            data = await engine.fetch(ino, idx, for_write=True)
+            data = await engine.fetch(ino, idx, for_write=for_write)
             out["fetched"] += len(data)
 
     async with trio.open_nursery() as nursery:

@@ -282,7 +282,7 @@ class Engine:
             raise FsError(errno.EIO, str(e)) from None
         self.stats.inc("cold_read_bytes", len(data))
         self.stats.inc("cold_reads")
-        self.stats.inc("cold_read_seconds_x1000", int((time.monotonic() - t0) * 1000))
+        self.stats.observe("cold_fetch_seconds", "", time.monotonic() - t0)
         return data
 
     async def ensure_hot(self, ino: int, idx: int) -> None:

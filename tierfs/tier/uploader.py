@@ -125,7 +125,7 @@ class Uploader:
             raise
         engine.stats.inc("uploads")
         engine.stats.inc("upload_bytes", size)
-        engine.stats.inc("upload_seconds_x1000", int((time.monotonic() - t0) * 1000))
+        engine.stats.observe("upload_seconds", "", time.monotonic() - t0)
         self.failures = 0
         # Back on the trio thread: is what we uploaded still the extent's content?
         try:

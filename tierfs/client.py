@@ -6,7 +6,7 @@ import json
 import os
 import socket
 
-from ..errors import UserError
+from .errors import UserError
 
 CONTROL_XATTR = "user.tierfs.control"
 
