@@ -163,3 +163,17 @@ def test_mount_t_fuse_tierfs(mount_factory):
         assert read_file(m.path("f")) == b"mount -t"
     finally:
         os.unlink(helper)
+
+
+def test_example_trains_over_the_mount(mount_factory):
+    pytest.importorskip("torch")
+    m = mount_factory()
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    res = subprocess.run([sys.executable, os.path.join(root, "examples", "train_tiny.py"),
+                          m.path("tiny-ds"), "--epochs", "3"], capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    lines = [l for l in res.stdout.splitlines() if l.startswith("epoch")]
+    assert len(lines) == 3
+    assert float(lines[-1].rsplit(" ", 1)[1]) > 0.8  # a separable task: it learns
+    assert len(os.listdir(m.path("tiny-ds"))) == 256

@@ -1,0 +1,131 @@
+"""Worker-process functions of scripts/bench.py.
+
+A separate, standard-library-only module so that spawned worker processes import
+it quickly and never import the benchmark driver (boto3, moto, ...).
+
+Every worker waits on a shared barrier before it starts, so the driver can take
+the start time after the (slow) process start-up, and reports either
+("ok", ...) or ("error", text) on its result queue.
+"""
+from __future__ import annotations
+
+import os
+import time
+import traceback
+
+BLOCK = 1 << 20
+
+
+def read_whole(path: str, buf: bytearray) -> int:
+    """Read a file to its end with unbuffered reads of len(buf) bytes; return its size."""
+    view = memoryview(buf)
+    total = 0
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            n = f.readinto(view)
+            if not n:
+                return total
+            total += n
+
+
+def write_blocks(path: str, size: int, block: bytes, do_fsync: bool = True) -> int:
+    """Write `size` bytes in len(block) writes (the last one may be short), then fsync."""
+    done = 0
+    with open(path, "wb", buffering=0) as f:
+        while done < size:
+            n = min(len(block), size - done)
+            f.write(block if n == len(block) else block[:n])
+            done += n
+        if do_fsync:
+            os.fsync(f.fileno())
+    return done
+
+
+# ---- W3: parallel readers --------------------------------------------------------------
+
+def read_share(paths: list[str], barrier, results) -> None:
+    """Read every file of `paths` fully (64 KiB files: one or two reads each)."""
+    try:
+        buf = bytearray(BLOCK)
+        barrier.wait()
+        t0 = time.monotonic()
+        nbytes = sum(read_whole(p, buf) for p in paths)
+        results.put(("ok", len(paths), nbytes, time.monotonic() - t0))
+    except BaseException:
+        results.put(("error", traceback.format_exc()))
+
+
+# ---- W5: one streaming reader or writer ----------------------------------------------------
+
+def stream_read(path: str, barrier, results) -> None:
+    try:
+        buf = bytearray(BLOCK)
+        barrier.wait()
+        t0 = time.monotonic()
+        n = read_whole(path, buf)
+        results.put(("ok", "read", n, time.monotonic() - t0))
+    except BaseException:
+        results.put(("error", traceback.format_exc()))
+
+
+def stream_write(path: str, size: int, barrier, results) -> None:
+    try:
+        block = os.urandom(BLOCK)
+        barrier.wait()
+        t0 = time.monotonic()
+        n = write_blocks(path, size, block)
+        results.put(("ok", "write", n, time.monotonic() - t0))
+    except BaseException:
+        results.put(("error", traceback.format_exc()))
+
+
+# ---- W6: data-loader workers -----------------------------------------------------------
+
+def loader_worker(paths: list[str], tasks, results) -> None:
+    """Like a DataLoader worker: take (batch number, sample indices), read those
+    samples, hand back (batch number, bytes). None stops the worker."""
+    buf = bytearray(BLOCK)
+    while True:
+        task = tasks.get()
+        if task is None:
+            return
+        batch, indices = task
+        try:
+            nbytes = sum(read_whole(paths[i], buf) for i in indices)
+            results.put(("ok", batch, nbytes))
+        except BaseException:
+            results.put(("error", traceback.format_exc()))
+
+
+# ---- W6 with torch (only used when `import torch` works) ------------------------------------
+
+class FileDataset:
+    """A map-style dataset whose samples are whole files (returns the byte count)."""
+
+    def __init__(self, paths: list[str]):
+        self.paths = paths
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> int:
+        with open(self.paths[i], "rb", buffering=0) as f:
+            return len(f.read())
+
+
+class OrderSampler:
+    """A sampler whose order the driver replaces before every epoch (the iteration
+    happens in the main process, so this works with persistent workers)."""
+
+    def __init__(self, order: list[int]):
+        self.order = list(order)
+
+    def __iter__(self):
+        return iter(list(self.order))
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+
+def collate_sizes(samples: list[int]) -> int:
+    return sum(samples)
