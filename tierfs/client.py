@@ -7,6 +7,7 @@ import os
 import socket
 
 from .errors import UserError
+from .mountpoint import DEAD_MOUNT
 
 CONTROL_XATTR = "user.tierfs.control"
 
@@ -18,7 +19,7 @@ def daemon_info(path: str) -> dict:
     except FileNotFoundError:
         raise UserError(f"{path} does not exist") from None
     except OSError as e:
-        if e.errno == errno.ENOTCONN:
+        if e.errno in DEAD_MOUNT:
             raise UserError(f"the daemon serving {path} has died: run tierfs umount on its "
                             f"mount point, then mount again") from None
         raise UserError(f"{path} is not inside a tierfs mount") from None

@@ -8,6 +8,9 @@ import subprocess
 
 from .errors import UserError
 
+# What a mount whose daemon died answers (kernels differ).
+DEAD_MOUNT = (errno.ENOTCONN, errno.ECONNABORTED)
+
 
 def mounts() -> dict[str, str]:
     """mount point -> filesystem type, from /proc/self/mounts."""
@@ -47,7 +50,7 @@ def check_mountpoint(path: str) -> list[str]:
     except FileNotFoundError:
         raise UserError(f"mount point {path} does not exist: create it with mkdir -p {path}") from None
     except OSError as e:
-        if e.errno != errno.ENOTCONN:
+        if e.errno not in DEAD_MOUNT:
             raise UserError(f"cannot use mount point {path}: {e.strerror}") from None
         unmount_lazy(path)  # a daemon died (kill -9) and left its mount behind
         notes.append(f"removed a stale mount at {path} left by a daemon that died")

@@ -51,10 +51,9 @@ def lock_cache_dir(cache_dir: str) -> int:
     return fd
 
 
-def set_bdi_readahead(mountpoint: str, kb: int) -> None:
+def set_bdi_readahead(dev: int, kb: int) -> None:
     """Raise the FUSE connection's readahead: bigger reads, fewer round trips."""
     try:
-        dev = os.stat(mountpoint).st_dev
         path = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
         with open(path, "w") as f:
             f.write(str(kb))
@@ -189,8 +188,8 @@ class Daemon:
 
     async def _announce_ready(self, on_ready) -> None:
         # The mount answers only once pyfuse3.main runs; stat it from a thread.
-        await trio.to_thread.run_sync(os.stat, self.cfg.mountpoint)
-        set_bdi_readahead(self.cfg.mountpoint, self.cfg.read_ahead_kb)
+        st = await trio.to_thread.run_sync(os.stat, self.cfg.mountpoint)
+        set_bdi_readahead(st.st_dev, self.cfg.read_ahead_kb)
         on_ready()
 
     async def _signals(self, nursery) -> None:

@@ -93,6 +93,38 @@ def test_utime_persists_exact_nanoseconds_via_fd(d):
     assert st.st_mtime_ns == 1_111_111_111_111_111_111
 
 
+def test_utimensat_omit_and_now(d):
+    import ctypes
+
+    class Timespec(ctypes.Structure):
+        _fields_ = [("sec", ctypes.c_long), ("nsec", ctypes.c_long)]
+    UTIME_NOW, UTIME_OMIT = (1 << 30) - 1, (1 << 30) - 2
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def utimensat(path, atime, mtime):
+        ts = (Timespec * 2)(Timespec(*atime), Timespec(*mtime))
+        if libc.utimensat(-100, os.fsencode(path), ts, 0) != 0:
+            raise OSError(ctypes.get_errno(), "utimensat", path)
+
+    f = os.path.join(d, "f")
+    write(f, b"")
+    for p in (f, d):
+        os.utime(p, ns=(5 * 10**9, 7 * 10**9))
+        utimensat(p, (0, UTIME_OMIT), (9, 11))
+        st = os.stat(p)
+        assert (st.st_atime_ns, st.st_mtime_ns) == (5 * 10**9, 9 * 10**9 + 11)
+        utimensat(p, (3, 4), (0, UTIME_OMIT))
+        st = os.stat(p)
+        assert (st.st_atime_ns, st.st_mtime_ns) == (3 * 10**9 + 4, 9 * 10**9 + 11)
+        before = time.time_ns() - 1_000_000_000  # the kernel's clock may lag a tick
+        utimensat(p, (0, UTIME_OMIT), (0, UTIME_NOW))
+        st = os.stat(p)
+        assert st.st_atime_ns == 3 * 10**9 + 4 and st.st_mtime_ns > before
+        utimensat(p, (0, UTIME_NOW), (0, UTIME_OMIT))
+        st2 = os.stat(p)
+        assert st2.st_atime_ns > before and st2.st_mtime_ns == st.st_mtime_ns
+
+
 def _ctime_after(p: str, change, new_path: str | None = None) -> None:
     before = os.lstat(p).st_ctime_ns
     clock_past(before)
@@ -265,6 +297,40 @@ def test_setgid_directory_inheritance(d):
     assert os.stat(os.path.join(plain, "f")).st_gid == 0
     os.mkdir(os.path.join(plain, "sub"))
     assert not os.stat(os.path.join(plain, "sub")).st_mode & stat.S_ISGID
+
+
+def test_o_trunc_updates_times_even_when_empty(d):
+    # POSIX: open(O_TRUNC) of an existing file marks mtime and ctime for update.
+    for name, content in (("empty", b""), ("full", b"data")):
+        p = os.path.join(d, name)
+        write(p, content)
+        os.utime(p, ns=(10**9, 10**9))
+        before = os.stat(p)
+        clock_past(before.st_ctime_ns)
+        os.close(os.open(p, os.O_WRONLY | os.O_TRUNC))
+        after = os.stat(p)
+        assert after.st_size == 0
+        assert after.st_mtime_ns > 10**9, name
+        assert after.st_ctime_ns > before.st_ctime_ns, name
+
+
+def test_truncate_by_non_owner_clears_setuid(d):
+    def ftrunc():
+        fd = os.open("f", os.O_WRONLY)
+        try:
+            os.ftruncate(fd, 1)
+        finally:
+            os.close(fd)
+    ops = {"truncate": lambda: os.truncate("f", 2), "ftruncate": ftrunc,
+           "o_trunc": lambda: os.close(os.open("f", os.O_WRONLY | os.O_TRUNC))}
+    p = os.path.join(d, "f")
+    for name, op in ops.items():
+        write(p, b"hello")
+        os.chmod(p, 0o6777)
+        assert as_user(NOBODY, NOBODY, d, {name: op}) == {name: 0}
+        st = os.stat(p)
+        assert st.st_size < 5, name
+        assert stat.S_IMODE(st.st_mode) == 0o777, (name, oct(st.st_mode))
 
 
 def test_write_by_non_owner_clears_setuid(d):

@@ -1,9 +1,10 @@
 """Shared fixtures and helpers of the POSIX tests (test_posix_*.py); no tests here.
 
 Most POSIX tests only need an empty directory on a mounted tierfs, so each test
-module shares one mount (`shared_mnt`) and every test gets a fresh directory in
-it (`d`). The daemon log is still checked after every test. Tests that remount,
-kill the daemon or look at the cache dir use the per-test `mnt` fixture.
+module shares one mount (`shared_mnt`, once per mount configuration) and every
+test gets a fresh directory in it (`d`). The daemon log is still checked after
+every test. Tests that remount or kill the daemon use the per-test `mnt` fixture.
+Modules import `d` and `shared_mnt` from here so that pytest finds them.
 """
 from __future__ import annotations
 
@@ -71,6 +72,7 @@ def raw_dirents(path: str) -> list[tuple[bytes, int]]:
             if not batch:
                 return out
             out += [(name, ino) for name, ino, _off in batch]
+            assert len(out) < 10_000_000, f"listing of {path} does not end"
     finally:
         os.close(fd)
 
@@ -189,16 +191,32 @@ def meta_has_inode(m: Mount, ino: int) -> bool:
         env.close()
 
 
-@pytest.fixture(scope="module")
-def shared_mnt(tmp_path_factory):
+# Mount options the shared-mount tests run under: the default (the kernel's
+# writeback cache keeps sizes and times itself) and without it (the daemon's
+# own size, mtime and O_APPEND handling are what the tests see).
+MOUNT_CONFIGS = {"writeback": [], "no-writeback": ["--no-writeback-cache"]}
+
+
+def start_shared(tmp_path_factory, args=()):
     root = tmp_path_factory.mktemp("posix")
-    m = Mount(str(root), f"file://{root}/m-cold")
+    m = Mount(str(root), f"file://{root}/m-cold", args=args)
     m.start()
-    yield m
+    return m
+
+
+def stop_shared(m: Mount) -> None:
     m.cleanup()
     bad = m.unexpected_log_lines()
     if bad:
         pytest.fail("daemon logged unexpected errors:\n" + "\n".join(bad[:20]))
+
+
+@pytest.fixture(scope="module", params=list(MOUNT_CONFIGS))
+def shared_mnt(tmp_path_factory, request):
+    """One mount per test module and mount configuration."""
+    m = start_shared(tmp_path_factory, MOUNT_CONFIGS[request.param])
+    yield m
+    stop_shared(m)
 
 
 @pytest.fixture

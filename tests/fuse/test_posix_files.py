@@ -14,7 +14,7 @@ GiB = 1 << 30
 
 
 def pattern(n: int, seed: int = 0) -> bytes:
-    """Bytes that differ at every offset (a misplaced block never compares equal)."""
+    """A 251-byte period: data landing at a wrong (page-aligned) offset never matches."""
     block = bytes((i * 7 + seed) % 251 for i in range(251))
     return (block * (n // 251 + 1))[:n]
 
@@ -102,6 +102,26 @@ def test_shrink_then_grow_zeroes_tail_within_extent(d):
     assert read_uncached(p) == b"A" * 50 + bytes(4950) + b"Z"
 
 
+def test_mmap_shared_write(d):
+    import mmap
+    p = os.path.join(d, "f")
+    fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.ftruncate(fd, E + MiB)
+        with mmap.mmap(fd, E + MiB) as m:
+            m[100:110] = b"0123456789"
+            m[E - 2:E + 2] = b"ABCD"  # across the extent boundary
+            m.flush()
+        os.pwrite(fd, b"after", E + 10)
+    finally:
+        os.close(fd)
+    expect = bytearray(E + MiB)
+    expect[100:110] = b"0123456789"
+    expect[E - 2:E + 2] = b"ABCD"
+    expect[E + 10:E + 15] = b"after"
+    assert read_uncached(p) == bytes(expect)
+
+
 def test_sparse_file_holes_read_zero_and_few_blocks(d):
     p = os.path.join(d, "sparse")
     fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
@@ -183,7 +203,7 @@ def test_o_excl_and_o_trunc(d):
     finally:
         os.close(fd)
     assert read_uncached(p) == b"new"
-    # O_TRUNC without write access mode is unspecified; O_RDONLY|O_CREAT keeps data.
+    # O_CREAT on an existing file (without O_EXCL or O_TRUNC) just opens it.
     os.close(os.open(p, os.O_RDONLY | os.O_CREAT))
     assert read_uncached(p) == b"new"
 
@@ -318,3 +338,30 @@ def test_rmdir_while_open(shared_mnt, d):
     finally:
         os.close(fd)
     eventually(lambda: not meta_has_inode(shared_mnt, ino), what="directory inode purged")
+
+
+def test_unlink_of_inode_known_only_from_readdir(mnt):
+    # After a remount the kernel learns about these inodes only from readdir
+    # (readdirplus); an O_PATH fd then holds them without any open() or lookup
+    # reaching the daemon. Removing them must still leave them stat-able
+    # through that fd until it is closed.
+    os.mkdir(mnt.path("sub"))
+    with open(mnt.path("f"), "wb") as f:
+        f.write(b"data")
+    mnt.remount()
+    assert sorted(os.listdir(mnt.mountpoint)) == ["f", "sub"]
+    fds = {name: os.open(mnt.path(name), os.O_PATH) for name in ("f", "sub")}
+    try:
+        inos = {name: os.fstat(fd).st_ino for name, fd in fds.items()}
+        os.unlink(mnt.path("f"))
+        os.rmdir(mnt.path("sub"))
+        assert os.listdir(mnt.mountpoint) == []
+        for name, fd in fds.items():
+            st = os.fstat(fd)
+            assert st.st_nlink == 0 and st.st_ino == inos[name], name
+        assert stat.S_ISREG(os.fstat(fds["f"]).st_mode)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    for ino in inos.values():
+        eventually(lambda: not meta_has_inode(mnt, ino), what=f"inode {ino} purged")

@@ -7,10 +7,9 @@ import os
 import socket
 import stat
 
-import pytest
-
 from tests.fuse.test_posix_common import (RENAME_EXCHANGE, RENAME_NOREPLACE,  # noqa: F401
-                                          assert_errno, d, raw_dirents, read_uncached,
+                                          assert_errno, d, eventually, hot_files,
+                                          meta_has_inode, raw_dirents, read_uncached,
                                           renameat2, shared_mnt)
 
 
@@ -156,16 +155,30 @@ def test_hard_links(d):
 
 
 # ---- rename --------------------------------------------------------------------------
-def test_rename_over_existing_file(d):
+def test_rename_over_existing_file(shared_mnt, d):
     a, b = os.path.join(d, "a"), os.path.join(d, "b")
     write(a, b"AAA")
     write(b, b"BBBBB")
-    ino_a = os.stat(a).st_ino
+    ino_a, ino_b = os.stat(a).st_ino, os.stat(b).st_ino
     os.rename(a, b)
     assert not os.path.lexists(a)
     assert os.stat(b).st_ino == ino_a and read(b) == b"AAA"
     assert os.listdir(d) == ["b"]
     assert_errno(errno.ENOENT, os.rename, a, b)
+    # The replaced file is gone for good once the kernel forgets it.
+    eventually(lambda: not meta_has_inode(shared_mnt, ino_b), what="replaced inode purged")
+    eventually(lambda: not hot_files(shared_mnt, ino_b), what="hot files removed")
+
+
+def test_unlink_frees_inode_and_hot_files(shared_mnt, d):
+    p = os.path.join(d, "f")
+    write(p, b"x" * 100_000)
+    os.setxattr(p, "user.k", b"v")
+    ino = os.stat(p).st_ino
+    assert hot_files(shared_mnt, ino)
+    os.unlink(p)
+    eventually(lambda: not meta_has_inode(shared_mnt, ino), what="inode purged")
+    eventually(lambda: not hot_files(shared_mnt, ino), what="hot files removed")
 
 
 def test_rename_over_hard_link_of_itself_is_noop(d):
@@ -318,27 +331,50 @@ def test_fifo(d):
 
 def test_unix_socket(d):
     p = os.path.join(d, "sock")
-    if len(os.fsencode(p)) >= 108:
-        pytest.skip("mount path too long for a unix socket address")
+    # sun_path holds 108 bytes: bind and connect by a relative name from d.
+    cwd = os.getcwd()
+    os.chdir(d)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        server.bind(p)
+        server.bind("sock")
         server.listen(1)
         assert stat.S_ISSOCK(os.lstat(p).st_mode)
         client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         with client:
-            client.connect(p)
+            client.connect("sock")
             conn, _ = server.accept()
             with conn:
                 client.sendall(b"ping")
                 assert conn.recv(10) == b"ping"
         second = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         with second:
-            assert_errno(errno.EADDRINUSE, second.bind, p)
+            assert_errno(errno.EADDRINUSE, second.bind, "sock")
     finally:
         server.close()
+        os.chdir(cwd)
     os.unlink(p)
     assert os.listdir(d) == []
+
+
+def test_mknod_char_device_keeps_rdev(d):
+    p = os.path.join(d, "null")
+    os.mknod(p, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    st = os.lstat(p)
+    assert stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 3)
+    # The mount is nodev: the node exists but cannot be used as a device.
+    assert_errno(errno.EACCES, os.open, p, os.O_RDONLY)
+
+
+def test_names_are_arbitrary_bytes(d):
+    root = os.fsencode(d)
+    odd = [b"\xff\x01", b"caf\xc3\xa9", b"new\nline", b" ", b"...", b"-x", b"a\tb"]
+    for name in odd:
+        with open(os.path.join(root, name), "wb") as f:
+            f.write(name)
+    assert sorted(os.listdir(root)) == sorted(odd)
+    for name in odd:
+        with open(os.path.join(root, name), "rb") as f:
+            assert f.read() == name
 
 
 def test_mknod_regular_file(d):
@@ -397,3 +433,74 @@ def test_errnos(d):
     os.rename(os.path.join(sub, "x"), os.path.join(d, "x"))
     os.link(f, os.path.join(sub, "f"))
     assert read(os.path.join(sub, "f")) == b"x"
+
+
+# ---- concurrent namespace changes --------------------------------------------------
+def _churn(root: str, seed: int, n_ops: int) -> None:
+    """Random namespace operations on a small tree (most fail, which is fine)."""
+    import random
+    rng = random.Random(seed)
+
+    def rpath():
+        return os.path.join(root, *(rng.choice("abcd") for _ in range(rng.randrange(1, 4))))
+    for _ in range(n_ops):
+        op, a, b = rng.randrange(9), rpath(), rpath()
+        try:
+            if op == 0:
+                os.mkdir(a)
+            elif op == 1:
+                with open(a, "xb") as f:
+                    f.write(b"x")
+            elif op == 2:
+                os.rename(a, b)
+            elif op == 3:
+                os.unlink(a)
+            elif op == 4:
+                os.rmdir(a)
+            elif op == 5:
+                os.link(a, b)
+            elif op == 6:
+                renameat2(a, b, RENAME_EXCHANGE)
+            elif op == 7:
+                os.symlink("t", a)
+            else:
+                list(os.scandir(os.path.dirname(a)))
+        except OSError:
+            pass
+
+
+def _check_tree(root: str) -> list[str]:
+    """Link counts and '..' must match the tree that is actually there."""
+    problems, names_of, nlink = [], {}, {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        st = os.stat(dirpath)
+        if st.st_nlink != 2 + len(dirnames):
+            problems.append(f"{dirpath}: st_nlink {st.st_nlink}, {len(dirnames)} subdirs")
+        if dirpath != root and dotdot(dirpath) != os.stat(os.path.dirname(dirpath)).st_ino:
+            problems.append(f"{dirpath}: '..' is not its parent")
+        for name in filenames:
+            lst = os.lstat(os.path.join(dirpath, name))
+            names_of[lst.st_ino] = names_of.get(lst.st_ino, 0) + 1
+            nlink[lst.st_ino] = lst.st_nlink
+    problems += [f"inode {i}: st_nlink {nlink[i]}, {n} names" for i, n in names_of.items()
+                 if nlink[i] != n]
+    return problems
+
+
+def test_concurrent_namespace_changes_keep_counts(mnt):
+    pids = []
+    for seed in range(4):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _churn(mnt.mountpoint, seed, 1500)
+            finally:
+                os._exit(0)
+        pids.append(pid)
+    for pid in pids:
+        assert os.waitpid(pid, 0)[1] == 0
+    entries = sum(len(dirs) + len(files) for _p, dirs, files in os.walk(mnt.mountpoint))
+    assert entries > 10  # the churn built something
+    assert _check_tree(mnt.mountpoint) == []
+    mnt.remount()
+    assert _check_tree(mnt.mountpoint) == []

@@ -6,7 +6,28 @@ import collections
 import os
 import random
 
-from tests.fuse.test_posix_common import d, getdents, raw_dirents, shared_mnt  # noqa: F401
+import pytest
+
+from tests.fuse.test_posix_common import (d, getdents, raw_dirents, start_shared,  # noqa: F401
+                                          stop_shared)
+
+
+@pytest.fixture(scope="module")
+def shared_mnt(tmp_path_factory):
+    # Listing does not depend on the data cache options: the default mount only.
+    m = start_shared(tmp_path_factory)
+    yield m
+    stop_shared(m)
+
+
+def listing(path: str, limit: int) -> list[str]:
+    """os.scandir names, failing (not hanging) if a listing never ends."""
+    out = []
+    with os.scandir(path) as it:
+        for entry in it:
+            out.append(entry.name)
+            assert len(out) <= limit, f"listing of {path} runs past {limit} entries"
+    return out
 
 
 def test_readdir_100k_entries_complete(d):
@@ -19,7 +40,7 @@ def test_readdir_100k_entries_complete(d):
             os.mknod(f"e{i:06d}", dir_fd=fd)
     finally:
         os.close(fd)
-    names = [e.name for e in os.scandir(d)]
+    names = listing(d, 2 * n)
     assert len(names) == n
     assert len(set(names)) == n
     assert set(names) == {f"e{i:06d}" for i in range(n)}
@@ -45,6 +66,7 @@ def test_readdir_while_directory_changes(d):
     with os.scandir(d) as it:
         for step, entry in enumerate(it):
             seen.append(entry.name)
+            assert len(seen) < 20_000, "the listing does not end"
             if step % 7:
                 continue
             # Churn while the listing is half done: unlink old entries, create
@@ -72,7 +94,7 @@ def test_readdir_while_directory_changes(d):
     assert set(seen) <= ever, sorted(set(seen) - ever)[:10]
     assert len(new_names) > 500 and len(doomed) == 0  # the churn really overlapped
     # A fresh listing afterwards shows exactly the final state.
-    assert set(os.listdir(d)) == alive
+    assert set(listing(d, 20_000)) == alive
 
 
 def test_readdir_resumes_at_offset(d):
@@ -86,6 +108,7 @@ def test_readdir_resumes_at_offset(d):
         full = []
         while batch := getdents(fd, 4096):
             full += batch
+            assert len(full) < 1000, "the listing does not end"
         names = [n for n, _i, _o in full]
         assert names[:2] == [b".", b".."] and len(names) == 302
         mark = 100
@@ -95,11 +118,13 @@ def test_readdir_resumes_at_offset(d):
         rest = []
         while batch := getdents(fd, 4096):
             rest += batch
+            assert len(rest) < 1000, "the listing does not end"
         assert [n for n, _i, _o in rest] == names[mark + 1:]
         os.lseek(fd, 0, os.SEEK_SET)
         again = []
         while batch := getdents(fd, 4096):
             again += batch
+            assert len(again) < 1000, "the listing does not end"
         assert [n for n, _i, _o in again] == names[:2] + names[mark:]
     finally:
         os.close(fd)

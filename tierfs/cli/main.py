@@ -8,6 +8,7 @@ import sys
 
 from .. import __version__
 from ..config import OPTIONS, MountConfig, build_config, default, format_size
+from ..mountpoint import DEAD_MOUNT
 from ..errors import UserError
 from . import offline, tiering
 
@@ -143,6 +144,13 @@ def main(argv: list[str] | None = None) -> int:
             return tiering.COMMANDS[args.command](args)
     except UserError as e:
         print(f"tierfs: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # a path the user named: missing, or on a dead mount
+        if e.errno in DEAD_MOUNT:
+            print(f"tierfs: the daemon serving {e.filename} has died: run tierfs umount on "
+                  f"its mount point, then mount again", file=sys.stderr)
+        else:
+            print(f"tierfs: {e.filename}: {e.strerror}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

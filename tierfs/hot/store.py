@@ -53,6 +53,27 @@ class HotStore:
         """Bytes of an extent file; short at its end. FileNotFoundError if missing."""
         return os.pread(self._fd(ino, idx, False), size, offset)
 
+    def read_cached(self, ino: int, idx: int, offset: int, out) -> int:
+        """Fill `out` from the page cache only (RWF_NOWAIT): bytes read, maybe fewer
+        than asked (not cached, or the file ends). FileNotFoundError if missing."""
+        try:
+            return os.preadv(self._fd(ino, idx, False), [out], offset, os.RWF_NOWAIT)
+        except BlockingIOError:
+            return 0
+
+    @staticmethod
+    def read_into(fd: int, offset: int, out) -> None:
+        """Blocking read into `out` (a worker thread's part); closes the fd."""
+        try:
+            done = 0
+            while done < len(out):
+                n = os.preadv(fd, [out[done:]], offset + done)
+                if n == 0:
+                    break  # end of the extent file: the rest is a hole (zeros)
+                done += n
+        finally:
+            os.close(fd)
+
     def pwrite(self, ino: int, idx: int, offset: int, data: bytes) -> None:
         fd = self._fd(ino, idx, True)
         try:

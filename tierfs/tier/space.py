@@ -39,6 +39,7 @@ class Space:
         self.need_upload = trio.Event()     # asks the uploader to skip its delay
         self._free_cache = (0.0, 0)
         self.evicted = 0
+        self.reserved = 0  # admitted fetches not installed yet
 
     def disk_free(self) -> int:
         t, free = self._free_cache
@@ -51,8 +52,8 @@ class Space:
 
     def _over(self, n: int) -> int:
         """Bytes that must be freed before `n` more fit."""
-        by_cache = self.index.total + n - self.high
-        by_disk = self.min_free + n - self.disk_free()
+        by_cache = self.index.total + self.reserved + n - self.high
+        by_disk = self.min_free + self.reserved + n - self.disk_free()
         return max(by_cache, by_disk, 0)
 
     def needs_room(self, n: int) -> bool:
@@ -92,15 +93,21 @@ class Space:
         return freed
 
     def admit_fetch(self, n: int) -> bool:
-        """May a fetched extent be kept hot? (no-replace: only while there is room)."""
+        """May a fetched extent be kept hot? (no-replace: only while there is room).
+        If so, `n` bytes stay reserved until release(n) once it is installed."""
         over = self._over(n)
-        if over <= 0:
-            return True
-        self.filled_once = True
-        if self.policy == "no-replace":
-            return False
-        self.evict(over)
-        return self._over(n) <= 0
+        if over > 0:
+            self.filled_once = True
+            if self.policy == "no-replace":
+                return False
+            self.evict(over)
+            if self._over(n) > 0:
+                return False
+        self.reserved += n
+        return True
+
+    def release(self, n: int) -> None:
+        self.reserved -= n
 
     async def reserve(self, n: int) -> None:
         """Wait until `n` bytes of new hot data fit; ENOSPC if they never can."""
