@@ -48,7 +48,7 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(SCRIPTS)
@@ -58,6 +58,8 @@ for _p in (SCRIPTS, REPO):
 
 import bench_workers as bw  # noqa: E402
 from tests import moto_server as moto  # noqa: E402
+from tierfs.cli.mount import pid_alive  # noqa: E402
+from tierfs.mountpoint import mounts  # noqa: E402
 from tests.moto_server import TEST_REGION, make_bucket, s3_env  # noqa: E402
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -136,30 +138,6 @@ def drop_caches() -> None:
         _drop_ok = False
 
 
-def fuse_mounts() -> dict[str, str]:
-    out = {}
-    with open("/proc/self/mounts") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) >= 3:
-                out[parts[1].replace("\\040", " ")] = parts[2]
-    return out
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def proc_memory_mib(pid: int) -> dict[str, float]:
     """VmHWM (peak resident set size), VmRSS, RssAnon and RssFile of a process, in MiB.
     RssFile includes the pages of the LMDB memory map the daemon has touched."""
@@ -207,7 +185,7 @@ class TierfsMount:
 
     @property
     def mounted(self) -> bool:
-        return fuse_mounts().get(self.mountpoint, "").startswith("fuse")
+        return mounts().get(self.mountpoint, "").startswith("fuse")
 
     def mount(self) -> float:
         """Mount; return the seconds `tierfs mount` took to return."""
@@ -313,37 +291,6 @@ class TierfsTarget:
 
 
 # ---- S3 server and raw rate ---------------------------------------------------------------
-
-@contextlib.contextmanager
-def s3_server(timeout_s: float = 30):
-    """tests/moto_server.py's moto_server() with one difference: the server runs in its
-    own session, so a Ctrl-C at the terminal (sent to the whole foreground process
-    group; moto exits on SIGINT) does not stop it before the unmounts at cleanup have
-    uploaded what they still hold. Yields the endpoint URL; stops the server on exit."""
-    port = moto.free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    with tempfile.TemporaryFile(prefix="moto-server-", suffix=".log") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-p", str(port), "-H", "127.0.0.1"],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True)
-        try:
-            deadline = time.monotonic() + timeout_s
-            while not moto._answers(endpoint):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    out.seek(0)
-                    tail = out.read()[-2000:].decode(errors="replace")
-                    raise RuntimeError(f"moto server did not start at {endpoint}:\n{tail}")
-                time.sleep(0.1)
-            yield endpoint
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
 
 # ---- S3 raw rate ----------------------------------------------------------------------------
 
@@ -839,7 +786,7 @@ def run_rep(rep: int, cfg: Config, workdir: str, ctx: dict, stack, out: dict) ->
 
 
 def run_all(cfg: Config, workdir: str, results: dict, stack: contextlib.ExitStack) -> None:
-    endpoint = stack.enter_context(s3_server())
+    endpoint = stack.enter_context(moto.moto_server())
     os.environ.update(s3_env(endpoint))
     os.environ["NO_PROXY"] = os.environ["no_proxy"] = "127.0.0.1,localhost"
     make_bucket(endpoint, BUCKET)
@@ -1120,7 +1067,7 @@ def main(argv=None) -> int:
         log(f"ERROR:\n{results['error']}")
         rc = 1
     finally:
-        left = [m for m in fuse_mounts() if m.startswith(workdir + "/")]
+        left = [m for m in mounts() if m.startswith(workdir + "/")]
         if left:  # never delete through a mount that could not be removed
             log(f"WARNING: still mounted, {workdir} kept: {' '.join(left)}")
         else:

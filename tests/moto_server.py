@@ -49,6 +49,7 @@ def moto_server(timeout_s: float = 30) -> Iterator[str]:
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            start_new_session=True,  # Ctrl-C reaches the caller, which stops it in order
         )
         try:
             deadline = time.monotonic() + timeout_s

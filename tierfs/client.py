@@ -1,7 +1,6 @@
 """Client side of the control interface: find a mount's daemon and talk to it."""
 from __future__ import annotations
 
-import errno
 import json
 import os
 import socket

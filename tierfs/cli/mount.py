@@ -1,7 +1,6 @@
 """`tierfs mount` and `tierfs umount`."""
 from __future__ import annotations
 
-import errno
 import logging
 import logging.handlers
 import os
@@ -106,7 +105,7 @@ def spawn_daemon(argv: list[str]) -> int:
     return 1
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -141,7 +140,7 @@ def umount(mountpoint: str, timeout: float = 3600.0) -> int:
                             f"(fuser -vm {mp} lists them) and retry")
         raise UserError(f"unmounting {mp} failed: {res.stderr.strip()}")
     deadline = time.monotonic() + timeout
-    while _pid_alive(pid):
+    while pid_alive(pid):
         if time.monotonic() > deadline:
             raise UserError(f"daemon {pid} is still flushing after {timeout:.0f}s; it keeps "
                             f"running in the background (see tierfs.log in its cache dir)")

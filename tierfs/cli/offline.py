@@ -3,10 +3,8 @@ nothing is mounted."""
 from __future__ import annotations
 
 import os
-import sys
-from types import SimpleNamespace
 
-from ..config import MountConfig, parse_size
+from ..config import MountConfig
 from ..errors import UserError
 
 

@@ -8,7 +8,6 @@ readable as the xattr `user.tierfs.state`.
 """
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os

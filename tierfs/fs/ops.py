@@ -19,7 +19,7 @@ import trio
 
 from ..errors import FsError, TierfsError
 from ..meta import MetaStore
-from ..meta.schema import ROOT_INO, Inode
+from ..meta.schema import Inode
 from ..tier.engine import Engine
 
 log = logging.getLogger(__name__)

@@ -61,6 +61,13 @@ class HotStore:
         except BlockingIOError:
             return 0
 
+    def will_need(self, ino: int, idx: int) -> None:
+        """Start reading an extent file into the page cache (asynchronously)."""
+        try:
+            os.posix_fadvise(self._fd(ino, idx, False), 0, 0, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass  # missing or unsupported: the read itself will tell
+
     @staticmethod
     def read_into(fd: int, offset: int, out) -> None:
         """Blocking read into `out` (a worker thread's part); closes the fd."""

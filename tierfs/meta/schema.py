@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 FORMAT_VERSION = 1
 FIRST_COOKIE = 3

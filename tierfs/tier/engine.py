@@ -52,6 +52,7 @@ class Engine:
         # Clean hot extents whose checksum was checked since mount (or that we
         # wrote ourselves): the first read of any other one verifies it.
         self.verified: set[Key] = set()
+        self._verifying: dict[Key, trio.Event] = {}
         self.verify_hot = True  # extents being changed: never evicted meanwhile
         self.space = None  # set by the tiering layer: awaits room on the hot tier
         self.nursery = None  # set once background tasks run: readahead lives there
@@ -151,6 +152,19 @@ class Engine:
         """Check a clean hot extent against its recorded checksum (in a thread).
         A bad copy is dropped, so the next read fetches the good one."""
         key = (ino, idx)
+        pending = self._verifying.get(key)
+        if pending is not None:  # another request is checking it: share the verdict
+            await pending.wait()
+            return key in self.verified
+        self._verifying[key] = event = trio.Event()
+        try:
+            return await self._verify(ino, idx, ext)
+        finally:
+            del self._verifying[key]
+            event.set()
+
+    async def _verify(self, ino: int, idx: int, ext: Extent) -> bool:
+        key = (ino, idx)
 
         def check() -> bool:
             data = self.hot.read_whole(ino, idx, ext.length + 1)
@@ -165,7 +179,8 @@ class Engine:
             ok = False
         _n, exts = self.meta.get_extents(ino, idx, idx)
         if exts.get(idx) != ext:
-            return True  # changed meanwhile: the new state is not ours to judge
+            self.verified.add(key)  # rewritten or refetched meanwhile: not ours to judge
+            return True
         if ok:
             self.verified.add(key)
             return True
@@ -201,7 +216,9 @@ class Engine:
             return
         _n, exts = self.meta.get_extents(ino, idx + 1, last)
         for i, ext in exts.items():
-            if not ext.hot and (ino, i) not in self._fetching:
+            if ext.hot:
+                self.hot.will_need(ino, i)  # the disk reads it ahead, in parallel
+            elif (ino, i) not in self._fetching:
                 self.nursery.start_soon(self._prefetch_quietly, ino, i)
 
     async def _prefetch_quietly(self, ino: int, idx: int) -> None:

@@ -8,7 +8,6 @@ invented.
 """
 from __future__ import annotations
 
-import os
 import stat
 from dataclasses import dataclass, replace
 
