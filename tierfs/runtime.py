@@ -86,6 +86,7 @@ class Daemon:
             log.info("uploads interrupted by the last shutdown were queued for cleanup")
         self.hot = HotStore(os.path.join(cfg.cache_dir, "hot"))
         self.engine = Engine(self.meta, self.hot, self.cold, self.sb.extent_size, self.stats)
+        self.engine.kernel_times = cfg.writeback_cache
         for problem in self.engine.load_index():
             log.error("hot tier check: %s", problem)
         for ino in self.meta.orphans():  # unlinked while open when the daemon stopped

@@ -88,7 +88,10 @@ class Control:
                "upload_backlog_age_s": round(time.monotonic() - oldest, 3) if oldest else 0,
                "uploads_in_flight": len(d.uploader.in_flight),
                "hit_rate": round(hot_b / (hot_b + cold_b), 4) if hot_b + cold_b else None,
-               "counters": st}
+               "counters": st,
+               "fuse_ops": {label: h.count for (name, label), h in
+                            list(self.engine.stats.histograms.items())
+                            if name == "fuse_op_seconds"}}
         if req.get("ino"):
             out["file"] = self.file_state(int(req["ino"]))
         return out

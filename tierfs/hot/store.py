@@ -19,6 +19,7 @@ class HotStore:
         os.makedirs(root, exist_ok=True)
         self._fds: collections.OrderedDict[tuple[int, int], int] = collections.OrderedDict()
         self._max_open = max_open
+        self.nowait = True  # the filesystem supports RWF_NOWAIT reads (until it says no)
 
     def path(self, ino: int, idx: int) -> str:
         return os.path.join(self.root, f"{ino & 0xff:02x}", f"{ino:x}.{idx:x}")
@@ -56,10 +57,17 @@ class HotStore:
     def read_cached(self, ino: int, idx: int, offset: int, out) -> int:
         """Fill `out` from the page cache only (RWF_NOWAIT): bytes read, maybe fewer
         than asked (not cached, or the file ends). FileNotFoundError if missing."""
-        try:
-            return os.preadv(self._fd(ino, idx, False), [out], offset, os.RWF_NOWAIT)
-        except BlockingIOError:
-            return 0
+        fd = self._fd(ino, idx, False)
+        if self.nowait:
+            try:
+                return os.preadv(fd, [out], offset, os.RWF_NOWAIT)
+            except BlockingIOError:
+                return 0
+            except OSError as e:
+                if e.errno != errno.EOPNOTSUPP:
+                    raise
+                self.nowait = False  # overlayfs, tmpfs: plain inline reads from now on
+        return os.preadv(fd, [out], offset)
 
     def will_need(self, ino: int, idx: int) -> None:
         """Start reading an extent file into the page cache (asynchronously)."""

@@ -452,6 +452,18 @@ class MetaStore:
         prefix = s.xattr_prefix(ino)
         return [k[len(prefix):] for k in self._keys(prefix)]
 
+    def xattr_name_exists(self, name: bytes) -> bool:
+        """Does any inode carry an xattr of this name? (one scan, at startup)"""
+        with self._read() as txn:
+            cur = txn.cursor()
+            if cur.set_range(b"X"):
+                for key in cur.iternext(keys=True, values=False):
+                    if key[:1] != b"X":
+                        break
+                    if key[9:] == name:
+                        return True
+        return False
+
     def remove_xattr(self, ino: int, name: bytes) -> None:
         with self._write() as txn:
             node = self._get(txn, ino)

@@ -55,6 +55,10 @@ class Engine:
         self._verifying: dict[Key, trio.Event] = {}
         self.verify_hot = True  # extents being changed: never evicted meanwhile
         self.space = None  # set by the tiering layer: awaits room on the hot tier
+        # With the kernel's writeback cache the kernel owns mtime/ctime of written
+        # files and sends them with setattr; stamping our own on every write would
+        # differ from the kernel's and make it drop the file's page cache.
+        self.kernel_times = False
         self.nursery = None  # set once background tasks run: readahead lives there
         self.readahead_max = 16  # extents ahead of a sequential reader
         self._streams: dict[int, list[int]] = {}  # ino -> [next offset, window, last idx]
@@ -367,7 +371,8 @@ class Engine:
             node.size = end
         if node.mode & (stat.S_ISUID | stat.S_ISGID):
             node.mode = kill_suid(node.mode)  # the kernel leaves this to us (killpriv)
-        node.mtime_ns = node.ctime_ns = t
+        if not self.kernel_times:
+            node.mtime_ns = node.ctime_ns = t
         self.meta.update(node, changed)
         self.stats.inc("write_bytes", length)
         return length
