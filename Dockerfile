@@ -1,20 +1,78 @@
-# Test image: tierfs with its test dependencies; runs the whole pytest suite
-# (FUSE mounts and a moto S3 server inside the container).
+# Test image: tierfs with its test dependencies; runs the whole pytest suite inside the
+# container (real FUSE mounts, and a moto S3 server that the tests start on 127.0.0.1).
+#
 #   docker build -t tierfs-test .
-#   docker run --rm --device /dev/fuse --cap-add SYS_ADMIN tierfs-test
+#   docker run --rm --device /dev/fuse --cap-add SYS_ADMIN \
+#       --security-opt systempaths=unconfined tierfs-test
+#
+# Flags of `docker run`, and why:
+#   --device /dev/fuse --cap-add SYS_ADMIN   FUSE mounts (the tests run as root).
+#   --security-opt systempaths=unconfined    needed: Docker mounts /proc/sys read-only, and
+#       tests/fuse/test_tiering.py and test_durability.py (and test_fsx.py) write
+#       /proc/sys/vm/drop_caches to make reads reach the daemon; without it those tests fail
+#       with "OSError: [Errno 30] Read-only file system". (It also unmasks /proc/kcore etc.;
+#       dropping caches in a container drops them for the whole host.) --privileged works too.
+#   --security-opt apparmor:unconfined       needed only where the engine uses AppArmor
+#       (Ubuntu, Debian with AppArmor on): Docker's docker-default profile has `deny mount`,
+#       so every FUSE mount would fail. Not needed on hosts without AppArmor.
+#   Optional: -v /tmp puts the tests' temporary directories (the hot tiers) on a volume, a
+#       real disk filesystem, instead of the container's overlay root.
+#   Extra pytest arguments: `docker run ... tierfs-test python -m pytest -q -k tiering`.
+#
+# scripts/docker-test.sh does all of this from scratch (starting a Docker engine, building a
+# local Debian base when Docker Hub is unreachable, trusting a proxy's CA certificates).
+#
+# BASE_IMAGE: python:3.11-slim by default; any Debian bookworm image works, also one without
+# Python (then Debian's python3 3.11 is installed from the image's own apt sources).
 ARG BASE_IMAGE=python:3.11-slim
 FROM ${BASE_IMAGE}
 
-RUN apt-get update -qq \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-      fuse3 libfuse3-dev pkg-config gcc python3-dev attr \
- && rm -rf /var/lib/apt/lists/*
+ENV DEBIAN_FRONTEND=noninteractive \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1
+
+# Extra CA certificates (a TLS-intercepting proxy's, for pip): scripts/docker-test.sh puts the
+# host's /usr/local/share/ca-certificates/*.crt into its build context as docker-ca-*.crt; a
+# plain build has none. pyproject.toml is listed only so this COPY always has a source.
+COPY pyproject.toml docker-ca-*.crt /tmp/docker-ca/
+
+# System packages: FUSE 3 (fusermount3), headers and a compiler for pyfuse3, getfattr; and
+# Debian's Python 3 with venv and headers where the base image lacks them (a bare Debian base;
+# python:3.11-slim has all three in /usr/local).
+RUN set -eux; \
+    mkdir -p /usr/local/share/ca-certificates; \
+    for c in /tmp/docker-ca/*.crt; do \
+      if [ -e "$c" ]; then cp "$c" /usr/local/share/ca-certificates/; fi; \
+    done; \
+    rm -rf /tmp/docker-ca; \
+    if command -v update-ca-certificates >/dev/null 2>&1; then update-ca-certificates; fi; \
+    pkgs="ca-certificates fuse3 libfuse3-dev pkg-config gcc libc6-dev attr"; \
+    if ! command -v python3 >/dev/null 2>&1; then \
+      pkgs="$pkgs python3 python3-venv python3-dev"; \
+    else \
+      python3 -c 'import ensurepip, venv' 2>/dev/null || pkgs="$pkgs python3-venv"; \
+      python3 -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_path("include"), "Python.h")))' \
+        || pkgs="$pkgs python3-dev"; \
+    fi; \
+    apt-get update -qq; \
+    apt-get install -y -qq --no-install-recommends $pkgs; \
+    rm -rf /var/lib/apt/lists/*; \
+    update-ca-certificates
+
+# tierfs and its test tools in a virtual environment (the same on either base).
+RUN python3 -m venv /opt/venv
+ENV PATH=/opt/venv/bin:/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin \
+    PIP_CERT=/etc/ssl/certs/ca-certificates.crt
 
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY tierfs ./tierfs
-RUN pip install --no-cache-dir -e '.[test]'
+RUN pip install -q -e '.[test]' && python -c 'import pyfuse3, tierfs; print("pyfuse3", pyfuse3.__version__)'
 COPY tests ./tests
 COPY scripts ./scripts
+COPY docs ./docs
 
-CMD ["python", "-m", "pytest", "-q"]
+# The whole suite; "no tests collected" (pytest exit status 5) counts as a failure.
+CMD ["sh", "-c", "python -m pytest -q \"$@\"; rc=$?; if [ \"$rc\" -eq 5 ]; then echo 'pytest collected no tests: failure' >&2; exit 1; fi; exit \"$rc\"", "pytest"]
