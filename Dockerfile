@@ -2,16 +2,11 @@
 # container (real FUSE mounts, and a moto S3 server that the tests start on 127.0.0.1).
 #
 #   docker build -t tierfs-test .
-#   docker run --rm --device /dev/fuse --cap-add SYS_ADMIN \
-#       --security-opt systempaths=unconfined tierfs-test
+#   docker run --rm --device /dev/fuse --cap-add SYS_ADMIN tierfs-test
 #
 # Flags of `docker run`, and why:
 #   --device /dev/fuse --cap-add SYS_ADMIN   FUSE mounts (the tests run as root).
-#   --security-opt systempaths=unconfined    needed: Docker mounts /proc/sys read-only, and
-#       tests/fuse/test_tiering.py and test_durability.py (and test_fsx.py) write
-#       /proc/sys/vm/drop_caches to make reads reach the daemon; without it those tests fail
-#       with "OSError: [Errno 30] Read-only file system". (It also unmasks /proc/kcore etc.;
-#       dropping caches in a container drops them for the whole host.) --privileged works too.
+#   (The tests drop cached pages per file with fadvise, so /proc/sys may stay read-only.)
 #   --security-opt apparmor:unconfined       needed only where the engine uses AppArmor
 #       (Ubuntu, Debian with AppArmor on): Docker's docker-default profile has `deny mount`,
 #       so every FUSE mount would fail. Not needed on hosts without AppArmor.

@@ -13,7 +13,6 @@
 #     ignored, files) plus this machine's /usr/local/share/ca-certificates/*.crt, so that pip
 #     trusts a TLS-intercepting proxy; proxy variables are passed on as build arguments;
 #   - runs the suite with --device /dev/fuse --cap-add SYS_ADMIN, plus
-#     --security-opt systempaths=unconfined (the tests write /proc/sys/vm/drop_caches), plus
 #     --security-opt apparmor=unconfined when the engine uses AppArmor (it denies mount(2)),
 #     and --network=none (the tests only talk to their own moto server on 127.0.0.1);
 #     TIERFS_DOCKER_RUN_ARGS adds options (e.g. "-v /tmp": test directories on a volume).
@@ -220,8 +219,7 @@ done
 say "building $IMAGE on $base"
 docker build --network=host "${build_args[@]}" -t "$IMAGE" "$ctx"
 
-run_args=(--rm --network=none --device /dev/fuse --cap-add SYS_ADMIN
-          --security-opt systempaths=unconfined)
+run_args=(--rm --network=none --device /dev/fuse --cap-add SYS_ADMIN)
 if docker info --format '{{json .SecurityOptions}}' 2>/dev/null | grep -q apparmor; then
   run_args+=(--security-opt apparmor=unconfined)
 fi

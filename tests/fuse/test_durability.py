@@ -15,6 +15,7 @@ import time
 import pytest
 
 from tests.fuse.test_tiering import bucket_client, data_objects, pattern, read_file, status, write_file
+from tests.harness import drop_page_cache
 from tests.moto_server import s3_env
 
 MiB = 1 << 20
@@ -189,8 +190,7 @@ def test_scrub_replaces_damaged_hot_copy(s3m):
     res = m.cli("scrub", m.mountpoint)
     assert res.returncode == 0, res.stderr
     assert "1 damaged hot copies replaced" in res.stdout and "0 damaged objects" in res.stdout
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3")
+    drop_page_cache(m.mountpoint)
     assert read_file(m.path("f")) == data
 
 
@@ -228,8 +228,7 @@ def test_bucket_outage(s3m, tmp_path):
     write_file(m.path("hot"), pattern(MiB, 8))
     m.cli("sync", m.mountpoint, "--wait", check=True)
     m.cli("release", m.path("cold"), check=True)
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3")
+    drop_page_cache(m.mountpoint)
     faults.write_text(json.dumps({"outage": True}))
     # hot reads and all writes keep working
     assert read_file(m.path("hot")) == pattern(MiB, 8)

@@ -10,6 +10,8 @@ import threading
 import time
 
 import boto3
+
+from tests.harness import drop_page_cache
 import pytest
 
 MiB = 1 << 20
@@ -57,8 +59,7 @@ def make_cold(m, *paths: str) -> None:
     """Upload, then drop the hot copies and the page cache: reads must come from S3."""
     m.cli("sync", m.mountpoint, "--wait", check=True)
     m.cli("release", *paths, check=True)
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3")
+    drop_page_cache(m.mountpoint)
 
 
 @pytest.fixture
@@ -85,8 +86,7 @@ def test_write_sync_release_read_back(s3m):
     st = status(m, m.path("f"))["file"]
     assert st["hot"] == 0 and st["cold"] == len(data)
     assert {e["where"] for e in st["extents"]} == {"cold"}
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3")
+    drop_page_cache(m.mountpoint)
     assert read_file(m.path("f")) == data
     state = json.loads(os.getxattr(m.path("f"), "user.tierfs.state"))
     assert state["hot"] == len(data) and state["cold"] == 0
@@ -101,8 +101,7 @@ def test_small_hot_tier_holds_much_more_data(s3m):
             f.write(chunk[i % 7:] + chunk[:i % 7])
     st = status(m)
     assert st["hot_bytes"] <= 64 * MiB
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3")
+    drop_page_cache(m.mountpoint)
     with open(m.path("big"), "rb") as f:
         for i in range(128):
             assert f.read(4 * MiB) == chunk[i % 7:] + chunk[:i % 7], f"block {i}"
@@ -130,8 +129,7 @@ def test_writes_to_cold_files(s3m):
     os.truncate(m.path("c"), 3 * MiB)
     expect_c = c[:2 * MiB + 10] + bytes(3 * MiB - 2 * MiB - 10)
     os.rename(m.path("d"), m.path("d2"))
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3")
+    drop_page_cache(m.mountpoint)
     assert read_file(m.path("a")) == expect_a
     assert read_file(m.path("b")) == b + b"tail"
     assert read_file(m.path("c")) == expect_c
@@ -287,8 +285,7 @@ def test_no_replace_policy_keeps_first_fill(s3m):
     assert read_file(m.path("f")) == data
     first = {e["index"] for e in status(m, m.path("f"))["file"]["extents"] if e["where"] != "cold"}
     assert 0 < len(first) <= 8
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3")
+    drop_page_cache(m.mountpoint)
     assert read_file(m.path("f")) == data
     again = {e["index"] for e in status(m, m.path("f"))["file"]["extents"] if e["where"] != "cold"}
     assert again == first
