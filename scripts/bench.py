@@ -637,6 +637,19 @@ def w6_training(t, cfg: Config, ctx: dict) -> dict:
             e = loader.epoch(order, ctx["compute_s"])
             out[f"w6_busy_{label}_pct"] = e["busy_pct"]
             out[f"w6_{label}_epoch"] = e
+        if isinstance(t, TierfsTarget):  # cold epochs: data only in the bucket
+            root = os.path.commonpath(paths)
+            for label, hinted in (("cold", False), ("cold_hinted", True)):
+                tierfs_cli("release", "-r", root)
+                drop_caches()
+                order = list(range(len(paths)))
+                rng.shuffle(order)
+                if hinted:  # what tierfs.HintingSampler does at the start of an epoch
+                    import tierfs
+                    tierfs.hint([paths[i] for i in order], replace=True)
+                e = loader.epoch(order, ctx["compute_s"])
+                out[f"w6_busy_{label}_pct"] = e["busy_pct"]
+                out[f"w6_{label}_epoch"] = e
     finally:
         loader.close()
     if cfg.runs("torch") and ctx["torch"]:
@@ -860,6 +873,8 @@ def build_rows(results: dict) -> list[Row]:
         ("W5 mixed: write+fsync", "MiB/s", "w5_write_MiBps", "ratio", ">=", 0.6),
         ("W6 busy, hot epoch", "%", "w6_busy_hot_pct", "value", ">=", 90),
         ("W6 busy, warm epoch", "%", "w6_busy_warm_pct", "value", ">=", 95),
+        ("W6 busy, cold epoch (bucket only)", "%", "w6_busy_cold_pct", "", ">=", 0),
+        ("W6 busy, cold epoch + tierfs.hint", "%", "w6_busy_cold_hinted_pct", "", ">=", 0),
         ("W6 torch busy, hot epoch", "%", "w6_torch_busy_hot_pct", "value", ">=", 90),
         ("W6 torch busy, warm epoch", "%", "w6_torch_busy_warm_pct", "value", ">=", 95),
     ]
