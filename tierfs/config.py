@@ -62,6 +62,8 @@ class MountConfig:
     log_level: str = "INFO"
     force: bool = False
     fault_file: str | None = None       # tests only: steer a fault-injecting store
+    meta_map_size: int = 1 << 36        # LMDB map to start with; doubles when full
+    meta_max_map_size: int = 1 << 40    # then ENOSPC
     extra: dict = field(default_factory=dict)
 
 
@@ -103,6 +105,8 @@ OPTIONS = (
     Option("log_level", "str", "daemon log level", ("DEBUG", "INFO", "WARNING", "ERROR")),
     Option("force", "bool", "take over the filesystem from another node known to be dead"),
     Option("fault_file", "str", "tests only", hidden=True),
+    Option("meta_map_size", "size", "initial LMDB map size", hidden=True),
+    Option("meta_max_map_size", "size", "largest LMDB map size", hidden=True),
 )
 _BY_NAME = {o.name: o for o in OPTIONS}
 _DEFAULTS = MountConfig("", "", "")

@@ -54,6 +54,11 @@ def meta_dir(cache_dir: str) -> str:
     return os.path.join(cache_dir, "meta")
 
 
+def open_meta(cfg) -> MetaStore:
+    return MetaStore(meta_dir(cfg.cache_dir), map_size=cfg.meta_map_size,
+                     max_map_size=cfg.meta_max_map_size)
+
+
 def has_metadata(cache_dir: str) -> bool:
     return os.path.exists(os.path.join(meta_dir(cache_dir), "data.mdb"))
 
@@ -64,7 +69,7 @@ def attach(cfg, cold, *, force: bool = False, allow_recover: bool = True):
     sb = read_superblock(cold)
     local_exists = has_metadata(cfg.cache_dir)
     if sb is None and local_exists:
-        local = MetaStore(meta_dir(cfg.cache_dir)).superblock()
+        local = open_meta(cfg).superblock()
         if local is not None:
             raise UserError(f"cache dir {cfg.cache_dir} belongs to filesystem {local.fs_id}, "
                             f"which is not at {cold.describe()}: use the right URL or a new "
@@ -77,7 +82,7 @@ def attach(cfg, cold, *, force: bool = False, allow_recover: bool = True):
         sb = Superblock(fs_id=str(uuid.uuid4()), extent_size=cfg.extent_size,
                         created_ns=time.time_ns())
         cold.put(SUPERBLOCK_OBJECT, sb.encode())
-        meta = MetaStore(meta_dir(cfg.cache_dir))
+        meta = open_meta(cfg)
         meta.format(sb, os.getuid(), os.getgid())
         notes.append(f"created a new tierfs filesystem {sb.fs_id} at {cold.describe()} "
                      f"(extent size {sb.extent_size})")
@@ -90,7 +95,7 @@ def attach(cfg, cold, *, force: bool = False, allow_recover: bool = True):
         for line in report.lines():
             log.warning("recovery: %s", line)
         return meta, sb, lease, notes
-    meta = MetaStore(meta_dir(cfg.cache_dir))
+    meta = open_meta(cfg)
     local = meta.superblock()
     if local is None or local.fs_id != sb.fs_id:
         meta.close()

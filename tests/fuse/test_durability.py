@@ -323,3 +323,27 @@ def test_kill9_at_random_points(s3m, tmp_path):
     res = fsck(m)
     assert res.returncode == 0, res.stdout
     assert crash_points == 6
+
+
+# ---- a full metadata database ------------------------------------------------------
+
+def test_metadata_map_grows_then_enospc(mount_factory):
+    """The LMDB map doubles when full; at its limit creates fail with ENOSPC, the
+    mount stays up, and removing files makes room again."""
+    m = mount_factory(args=("--meta-map-size", "256K", "--meta-max-map-size", "1M"))
+    names = []
+    with pytest.raises(OSError) as err:
+        for i in range(20000):
+            name = m.path(f"file-with-a-long-name-to-fill-the-map-{i:06d}")
+            with open(name, "w"):
+                pass
+            names.append(name)
+    assert err.value.errno == errno.ENOSPC
+    assert len(names) > 1000  # it grew from 256 KiB before giving up
+    assert os.path.exists(names[0])
+    for name in names[:len(names) // 2]:
+        os.unlink(name)
+    with open(m.path("after-cleanup"), "w") as f:
+        f.write("room again")
+    assert read_file(m.path("after-cleanup")) == b"room again"
+    m.allowed_log.append("metadata database is full")

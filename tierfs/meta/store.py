@@ -7,6 +7,7 @@ Errors are FsError with the errno the kernel should see.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import stat
 import time
@@ -20,6 +21,22 @@ from .schema import Extent, Inode, Superblock
 
 NAME_MAX = 255
 DEFAULT_MAP_SIZE = 1 << 36  # 64 GiB of address space; the file grows as used
+MAX_MAP_SIZE = 1 << 40      # growth stops here (then ENOSPC)
+
+
+def _grows_when_full(method):
+    """Retry a write transaction once after growing a full LMDB map; if the map
+    cannot grow (at its limit, or a checkpoint copy is reading), MapFullError
+    goes up and the adapter answers ENOSPC."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except lmdb.MapFullError:
+            if not self.grow():
+                raise
+            return method(self, *args, **kwargs)
+    return wrapper
 
 
 def now_ns() -> int:
@@ -27,7 +44,8 @@ def now_ns() -> int:
 
 
 class MetaStore:
-    def __init__(self, path: str, map_size: int = DEFAULT_MAP_SIZE):
+    def __init__(self, path: str, map_size: int = DEFAULT_MAP_SIZE,
+                 max_map_size: int = MAX_MAP_SIZE):
         os.makedirs(path, exist_ok=True)
         try:
             # sync=False: commits reach the OS page cache (survive kill -9);
@@ -36,6 +54,9 @@ class MetaStore:
                                  metasync=False, max_dbs=0, readahead=False)
         except lmdb.Error as e:
             raise UserError(f"cannot open metadata database in {path}: {e}") from None
+        self.map_size = self.env.info()["map_size"]
+        self.max_map_size = max(max_map_size, self.map_size)
+        self.snapshots = 0  # checkpoint copies reading right now: the map must not move
         with self.env.begin() as txn:
             raw = txn.get(s.counter_key(b"epoch"))
         self.epoch = s.read_u64(raw) if raw else 0  # last checkpoint sequence begun
@@ -44,6 +65,14 @@ class MetaStore:
     def close(self) -> None:
         self.env.sync(True)
         self.env.close()
+
+    def grow(self) -> bool:
+        """Double the map (no transaction may be open in this process)."""
+        if self.snapshots or self.map_size >= self.max_map_size:
+            return False
+        self.map_size = min(self.map_size * 2, self.max_map_size)
+        self.env.set_mapsize(self.map_size)
+        return True
 
     def sync(self) -> None:
         """Flush committed transactions to disk (blocking: call from a thread)."""
@@ -60,6 +89,7 @@ class MetaStore:
             raw = txn.get(s.SUPERBLOCK_KEY)
         return Superblock.decode(raw) if raw else None
 
+    @_grows_when_full
     def format(self, sb: Superblock, uid: int, gid: int) -> None:
         """Create an empty filesystem: superblock, counters and the root directory."""
         t = now_ns()
@@ -77,6 +107,7 @@ class MetaStore:
         txn.put(s.counter_key(name), s.u64(value + 1))
         return value
 
+    @_grows_when_full
     def next_object_id(self) -> int:
         """A fresh object id, recorded as an upload intent until the upload ends."""
         with self._write() as txn:
@@ -89,6 +120,7 @@ class MetaStore:
             raw = txn.get(s.counter_key(name))
         return s.read_u64(raw) if raw else 0
 
+    @_grows_when_full
     def begin_epoch(self) -> int:
         """Start checkpoint epoch N+1: objects dropped from now on may be in it."""
         with self._write() as txn:
@@ -110,6 +142,7 @@ class MetaStore:
             raise FsError(errno.ENOENT)
         return Inode.decode(ino, raw)
 
+    @_grows_when_full
     def put_inode(self, inode: Inode) -> None:
         with self._write() as txn:
             txn.put(s.inode_key(inode.ino), inode.encode())
@@ -159,6 +192,7 @@ class MetaStore:
             raise FsError(errno.ENOENT)  # directory was removed while we held it
         return parent
 
+    @_grows_when_full
     def create_node(self, parent_ino: int, name: bytes, mode: int, uid: int, gid: int,
                     rdev: int = 0, target: bytes | None = None) -> Inode:
         """Create a file, directory, symlink or special node in one transaction."""
@@ -187,6 +221,7 @@ class MetaStore:
             txn.put(s.inode_key(parent_ino), parent.encode())
         return node
 
+    @_grows_when_full
     def link(self, ino: int, parent_ino: int, name: bytes) -> Inode:
         self._check_name(name)
         t = now_ns()
@@ -231,6 +266,7 @@ class MetaStore:
         self._purge(txn, node.ino)
         return True
 
+    @_grows_when_full
     def unlink(self, parent_ino: int, name: bytes,
                in_use: Callable[[int], bool]) -> tuple[int, bool]:
         """Remove a non-directory name. Returns (ino, purged)."""
@@ -255,6 +291,7 @@ class MetaStore:
         prefix = s.dentry_prefix(ino)
         return not (cur.set_range(prefix) and cur.key().startswith(prefix))
 
+    @_grows_when_full
     def rmdir(self, parent_ino: int, name: bytes,
               in_use: Callable[[int], bool]) -> tuple[int, bool]:
         if len(name) > NAME_MAX:
@@ -289,6 +326,7 @@ class MetaStore:
                 return False
             ino = self._get(txn, ino).parent
 
+    @_grows_when_full
     def rename(self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes,
                flags: int, in_use: Callable[[int], bool],
                noreplace: int, exchange: int) -> tuple[int | None, bool]:
@@ -408,6 +446,7 @@ class MetaStore:
             for key in keys:
                 txn.delete(key)
 
+    @_grows_when_full
     def purge_orphan(self, ino: int) -> bool:
         """Purge an unlinked inode once nothing uses it. Returns True if purged."""
         with self._write() as txn:
@@ -435,6 +474,7 @@ class MetaStore:
         with self._read() as txn:
             return txn.get(s.xattr_key(ino, name))
 
+    @_grows_when_full
     def set_xattr(self, ino: int, name: bytes, value: bytes, flags: int = 0) -> None:
         with self._write() as txn:
             node = self._get(txn, ino)
@@ -464,6 +504,7 @@ class MetaStore:
                         return True
         return False
 
+    @_grows_when_full
     def remove_xattr(self, ino: int, name: bytes) -> None:
         with self._write() as txn:
             node = self._get(txn, ino)
@@ -506,6 +547,7 @@ class MetaStore:
                     ino, idx = s.split_extent_key(key)
                     yield ino, idx, Extent.decode(val)
 
+    @_grows_when_full
     def update(self, inode: Inode | None, extents: dict[tuple[int, int], Extent | None] = {},
                gc_objects: Iterable[int] = (), uploaded: Iterable[int] = ()) -> None:
         """Write an inode and extent records (None deletes), queue objects for gc and
@@ -523,6 +565,7 @@ class MetaStore:
             for obj in uploaded:
                 txn.delete(s.intent_key(obj))
 
+    @_grows_when_full
     def put_extent_if(self, ino: int, idx: int, expect: Extent, new: Extent) -> bool:
         """Compare-and-set an extent record (used after an await)."""
         with self._write() as txn:
@@ -547,6 +590,7 @@ class MetaStore:
     def upload_intents(self) -> list[int]:
         return [s.read_u64(k, 1) for k in self._keys(b"U")]
 
+    @_grows_when_full
     def abandon_intents(self) -> int:
         """Uploads that never finished (daemon died): their objects, if any, go to gc."""
         ids = self.upload_intents()
@@ -554,12 +598,14 @@ class MetaStore:
             self.update(None, {}, ids, ids)
         return len(ids)
 
+    @_grows_when_full
     def delete_raw(self, keys: Iterable[bytes]) -> None:
         """Delete keys as they are (fsck repairs)."""
         with self._write() as txn:
             for key in keys:
                 txn.delete(key)
 
+    @_grows_when_full
     def relink(self, ino: int, parent_ino: int, name: bytes) -> None:
         """Give an unreachable inode a name again (fsck: lost+found)."""
         t = now_ns()
@@ -576,6 +622,7 @@ class MetaStore:
             txn.put(s.inode_key(ino), node.encode())
             txn.put(s.inode_key(parent_ino), parent.encode())
 
+    @_grows_when_full
     def gc_done(self, obj_ids: Iterable[int]) -> None:
         with self._write() as txn:
             for obj in obj_ids:
