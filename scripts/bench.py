@@ -63,6 +63,7 @@ from tierfs.mountpoint import mounts  # noqa: E402
 from tests.moto_server import TEST_REGION, make_bucket, s3_env  # noqa: E402
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+COLD_GET_LATENCY_S = 0.02  # W6 cold epochs: a real bucket's time to first byte
 WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "torch", "scale")
 BUCKET = "tierfs-bench"
 RAW_BUCKET = "tierfs-bench-raw"
@@ -639,6 +640,11 @@ def w6_training(t, cfg: Config, ctx: dict) -> dict:
             out[f"w6_{label}_epoch"] = e
         if isinstance(t, TierfsTarget):  # cold epochs: data only in the bucket
             root = os.path.commonpath(paths)
+            # moto on this machine answers in about a millisecond; a real bucket takes
+            # tens of milliseconds to the first byte: add that latency to every GET.
+            latency = os.path.join(os.path.dirname(t.mount.mountpoint), "bucket-latency.json")
+            with open(latency, "w") as f:
+                json.dump({"latency_s": COLD_GET_LATENCY_S}, f)
             for label, hinted in (("cold", False), ("cold_hinted", True)):
                 tierfs_cli("release", "-r", root)
                 drop_caches()
@@ -650,6 +656,7 @@ def w6_training(t, cfg: Config, ctx: dict) -> dict:
                 e = loader.epoch(order, ctx["compute_s"])
                 out[f"w6_busy_{label}_pct"] = e["busy_pct"]
                 out[f"w6_{label}_epoch"] = e
+            os.unlink(latency)
     finally:
         loader.close()
     if cfg.runs("torch") and ctx["torch"]:
@@ -780,7 +787,8 @@ def run_rep(rep: int, cfg: Config, workdir: str, ctx: dict, stack, out: dict) ->
         log(f"  S3 raw GET x{cfg.threads}: {out['rawget_MiBps']:.1f} MiB/s")
     log(f"repetition {rep + 1}/{cfg.reps}: tierfs")
     base = os.path.join(workdir, f"tierfs-r{rep}")
-    mount = TierfsMount(f"s3://{BUCKET}/r{rep}", base)
+    faults = os.path.join(base, "bucket-latency.json")
+    mount = TierfsMount(f"s3://{BUCKET}/r{rep}", base, extra_args=("--fault-file", faults))
     stack.callback(mount.cleanup)
     try:
         mount.mount()
@@ -873,8 +881,8 @@ def build_rows(results: dict) -> list[Row]:
         ("W5 mixed: write+fsync", "MiB/s", "w5_write_MiBps", "ratio", ">=", 0.6),
         ("W6 busy, hot epoch", "%", "w6_busy_hot_pct", "value", ">=", 90),
         ("W6 busy, warm epoch", "%", "w6_busy_warm_pct", "value", ">=", 95),
-        ("W6 busy, cold epoch (bucket only)", "%", "w6_busy_cold_pct", "", ">=", 0),
-        ("W6 busy, cold epoch + tierfs.hint", "%", "w6_busy_cold_hinted_pct", "", ">=", 0),
+        ("W6 busy, cold epoch, 20 ms GETs", "%", "w6_busy_cold_pct", "", ">=", 0),
+        ("W6 busy, same + tierfs.hint", "%", "w6_busy_cold_hinted_pct", "", ">=", 0),
         ("W6 torch busy, hot epoch", "%", "w6_torch_busy_hot_pct", "value", ">=", 90),
         ("W6 torch busy, warm epoch", "%", "w6_torch_busy_warm_pct", "value", ">=", 95),
     ]

@@ -37,7 +37,7 @@ def kill_suid(mode: int) -> int:
 
 class Engine:
     def __init__(self, meta: MetaStore, hot: HotStore, cold, extent_size: int,
-                 stats: Stats | None = None, s3_threads: int = 16, io_threads: int = 8):
+                 stats: Stats | None = None, s3_threads: int = 32, io_threads: int = 8):
         self.meta = meta
         self.hot = hot
         self.cold = cold

@@ -1,4 +1,4 @@
-"""Prefetch of hinted files: a queue worked through in order, a few files at a
+"""Prefetch of hinted files: a queue worked through in order, many files at a
 time, ahead of the data loader that sent the hints."""
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ log = logging.getLogger(__name__)
 
 
 class HintQueue:
-    def __init__(self, engine, parallel: int = 8):
+    # More files in flight than a data loader's workers read at once: that is
+    # what hints buy against a bucket's latency.
+    def __init__(self, engine, parallel: int = 32):
         self.engine = engine
         self.parallel = parallel
         self.queue: collections.deque[int] = collections.deque()
