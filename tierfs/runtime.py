@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import resource
 import signal
 
 import pyfuse3
@@ -76,6 +77,10 @@ class Daemon:
     def prepare(self) -> None:
         """Everything that can fail with a user error, before mounting."""
         cfg = self.cfg
+        # The hot tier caches up to 2048 extent fds; allow that many and more.
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         check_fuse_available()
         self.notes += check_mountpoint(cfg.mountpoint)
         self._lock_fd = lock_cache_dir(cfg.cache_dir)

@@ -1,20 +1,25 @@
 """The hot tier: one file per extent in a directory on local NVMe.
 
-Small preads and pwrites run inline on the caller's thread (they hit the page
-cache and are faster than a thread hop); fsync and whole-extent stores are
-meant to be called from worker threads. Open file descriptors are cached.
+Reads that the page cache can serve (RWF_NOWAIT) and pwrites (into the page
+cache) run inline on the caller's thread: faster than a thread hop. Reads that
+must go to the disk, fsync and whole-extent stores are meant for worker
+threads. Open file descriptors are cached.
 """
 from __future__ import annotations
 
 import collections
 import errno
 import os
+import resource
 
 from ..errors import FsError
 
 
 class HotStore:
     def __init__(self, root: str, max_open: int = 2048):
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY:
+            max_open = max(64, min(max_open, soft // 4))  # leave room for everything else
         self.root = root
         os.makedirs(root, exist_ok=True)
         self._fds: collections.OrderedDict[tuple[int, int], int] = collections.OrderedDict()

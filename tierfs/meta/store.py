@@ -575,14 +575,14 @@ class MetaStore:
             txn.put(s.extent_key(ino, idx), new.encode())
             return True
 
-    def gc_pending(self) -> list[tuple[int, int]]:
-        """(object id, epoch it was dropped in) of every object awaiting deletion."""
+    def gc_pending(self, limit: int | None = None) -> list[tuple[int, int]]:
+        """(object id, epoch it was dropped in) of objects awaiting deletion."""
         out = []
         with self._read() as txn:
             cur = txn.cursor()
             if cur.set_range(b"G"):
                 for key, val in cur:
-                    if key[:1] != b"G":
+                    if key[:1] != b"G" or (limit is not None and len(out) >= limit):
                         break
                     out.append((s.read_u64(key, 1), s.read_u64(val) if val else 0))
         return out

@@ -447,9 +447,11 @@ class Engine:
             keys = list(dirty)
         else:
             keys = [(ino, i) for i in self.index.by_ino.get(ino, ()) if (ino, i) in dirty]
-        fds = [fd for fd in (self.hot.dup_fd(*k) for k in keys) if fd is not None]
-        if fds:
-            # Parallel fsyncs: an NVMe flushes many files at once far faster.
+        # Parallel fsyncs (an NVMe flushes many files at once far faster), in
+        # batches so that a big backlog never holds thousands of fds open.
+        for start in range(0, len(keys), 256):
+            fds = [fd for fd in (self.hot.dup_fd(*k) for k in keys[start:start + 256])
+                   if fd is not None]
             async with trio.open_nursery() as nursery:
                 for fd in fds:
                     nursery.start_soon(partial(trio.to_thread.run_sync, self.hot.fsync_fd, fd,

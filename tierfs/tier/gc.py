@@ -33,7 +33,8 @@ class GarbageCollector:
         if self.paused():
             return 0
         # Kept checkpoints may still reference an object dropped in epoch e.
-        ids = [i for i, epoch in meta.gc_pending() if self.engine.gc_guard(epoch)][:self.batch]
+        ids = [i for i, epoch in meta.gc_pending(limit=16 * self.batch)
+               if self.engine.gc_guard(epoch)][:self.batch]
         if not ids:
             return 0
 
