@@ -83,7 +83,9 @@ def test_write_sync_release_read_back(s3m):
     assert len(data_objects(m)) == 6
     res = m.cli("release", m.path("f"), check=True)
     assert "released 5.0 MiB" in res.stdout
-    st = status(m, m.path("f"))["file"]
+    full = status(m, m.path("f"))
+    assert full["cold_bytes"] == len(data)
+    st = full["file"]
     assert st["hot"] == 0 and st["cold"] == len(data)
     assert {e["where"] for e in st["extents"]} == {"cold"}
     drop_page_cache(m.mountpoint)

@@ -81,6 +81,7 @@ def cmd_status(args) -> int:
         return 0
     print(f"mount        {out['mountpoint']}  ->  {out['cold']}")
     print(f"hot          {format_size(out['hot_bytes'])} in {out['hot_extents']} extents")
+    print(f"cold only    {format_size(out['cold_bytes'])} (in the bucket, not on the hot tier)")
     print(f"dirty        {format_size(out['dirty_bytes'])} in {out['dirty_extents']} extents")
     print(f"pinned       {format_size(out['pinned_bytes'])}")
     print(f"cache        limit {format_size(out['cache_limit'])}, policy {out['cache_policy']}")

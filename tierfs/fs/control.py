@@ -78,7 +78,9 @@ class Control:
         st = self.engine.stats.snapshot()
         hot_b, cold_b = st.get("hot_read_bytes", 0), st.get("miss_read_bytes", 0)
         oldest = min((i.last_write for i in index.dirty.values()), default=None)
+        cold_bytes = sum(x.obj_len for _i, _x, x in self.meta.iter_extents() if not x.hot)
         out = {"mountpoint": d.cfg.mountpoint, "cold": d.cold.describe(),
+               "cold_bytes": cold_bytes,
                "cache_dir": d.cfg.cache_dir, "extent_size": self.engine.E,
                "hot_bytes": index.total, "dirty_bytes": index.dirty_bytes,
                "hot_extents": len(index.sizes), "dirty_extents": len(index.dirty),
