@@ -118,6 +118,16 @@ def _wait_gone(pid: int, timeout: float = 30) -> None:
         time.sleep(0.02)
 
 
+def write_file(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def read_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def drop_page_cache(*paths: str) -> None:
     """Drop the kernel's cached pages of every file at or below `paths`, so the
     next reads reach the daemon. Per file (fadvise), so it needs no write access

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from tests.fuse.test_tiering import bucket_client, data_objects, pattern, read_file, status, write_file
-from tests.harness import drop_page_cache
+from tests.fuse.test_tiering import bucket_client, data_objects, pattern, status
+from tests.harness import drop_page_cache, read_file, write_file
 from tests.moto_server import s3_env
 
 MiB = 1 << 20

@@ -12,7 +12,8 @@ import urllib.request
 import pytest
 
 import tierfs
-from tests.fuse.test_tiering import make_cold, pattern, read_file, status, write_file
+from tests.fuse.test_tiering import make_cold, pattern, status
+from tests.harness import read_file, write_file
 from tests.moto_server import free_port
 
 MiB = 1 << 20

@@ -7,21 +7,12 @@ import os
 import stat
 import time
 
+from tests.harness import read_file as read, write_file as write
 from tests.fuse.test_posix_common import (as_user, assert_errno, clock_past, d,  # noqa: F401
                                           shared_mnt)
 
 NOBODY = 65534
 OTHER = 65533
-
-
-def write(path: str, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-
-
-def read(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
 
 
 # ---- chmod / chown / utime ----------------------------------------------------------

@@ -7,20 +7,11 @@ import os
 import socket
 import stat
 
+from tests.harness import read_file as read, write_file as write
 from tests.fuse.test_posix_common import (RENAME_EXCHANGE, RENAME_NOREPLACE,  # noqa: F401
                                           assert_errno, d, eventually, hot_files,
                                           meta_has_inode, raw_dirents, read_uncached,
                                           renameat2, shared_mnt)
-
-
-def write(path: str, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-
-
-def read(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
 
 
 def dotdot(path: str) -> int:

@@ -11,7 +11,7 @@ import time
 
 import boto3
 
-from tests.harness import drop_page_cache
+from tests.harness import drop_page_cache, read_file, write_file
 import pytest
 
 MiB = 1 << 20
@@ -43,16 +43,6 @@ def data_objects(m) -> list[str]:
     pages = bucket_client(m).get_paginator("list_objects_v2").paginate(
         Bucket=bucket, Prefix=f"{prefix}/data/")
     return [o["Key"] for page in pages for o in page.get("Contents", [])]
-
-
-def write_file(path: str, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-
-
-def read_file(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
 
 
 def make_cold(m, *paths: str) -> None:
