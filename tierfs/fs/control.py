@@ -78,7 +78,8 @@ class Control:
         st = self.engine.stats.snapshot()
         hot_b, cold_b = st.get("hot_read_bytes", 0), st.get("miss_read_bytes", 0)
         oldest = min((i.last_write for i in index.dirty.values()), default=None)
-        cold_bytes = sum(x.obj_len for _i, _x, x in self.meta.iter_extents() if not x.hot)
+        cold_bytes = await self.scan_in_thread(
+            lambda: sum(x.obj_len for _i, _x, x in self.meta.iter_extents() if not x.hot))
         out = {"mountpoint": d.cfg.mountpoint, "cold": d.cold.describe(),
                "cold_bytes": cold_bytes,
                "cache_dir": d.cfg.cache_dir, "extent_size": self.engine.E,
@@ -97,6 +98,14 @@ class Control:
         if req.get("ino"):
             out["file"] = self.file_state(int(req["ino"]))
         return out
+
+    async def scan_in_thread(self, fn):
+        """A whole-database read off the event loop (the map must not grow meanwhile)."""
+        self.meta.thread_readers += 1
+        try:
+            return await trio.to_thread.run_sync(fn)
+        finally:
+            self.meta.thread_readers -= 1
 
     async def cmd_sync(self, req, reply):
         inos = set(req["inos"]) if req.get("inos") is not None else None

@@ -56,7 +56,7 @@ class MetaStore:
             raise UserError(f"cannot open metadata database in {path}: {e}") from None
         self.map_size = self.env.info()["map_size"]
         self.max_map_size = max(max_map_size, self.map_size)
-        self.snapshots = 0  # checkpoint copies reading right now: the map must not move
+        self.thread_readers = 0  # read transactions in worker threads: the map must not move
         with self.env.begin() as txn:
             raw = txn.get(s.counter_key(b"epoch"))
         self.epoch = s.read_u64(raw) if raw else 0  # last checkpoint sequence begun
@@ -68,7 +68,7 @@ class MetaStore:
 
     def grow(self) -> bool:
         """Double the map (no transaction may be open in this process)."""
-        if self.snapshots or self.map_size >= self.max_map_size:
+        if self.thread_readers or self.map_size >= self.max_map_size:
             return False
         self.map_size = min(self.map_size * 2, self.max_map_size)
         self.env.set_mapsize(self.map_size)

@@ -105,12 +105,12 @@ class Checkpointer:
             engine = self.engine
             seq = engine.meta.begin_epoch()
             t0 = time.monotonic()
-            engine.meta.snapshots += 1  # the map must not grow under the copy
+            engine.meta.thread_readers += 1  # the map must not grow under the copy
             try:
                 db = await trio.to_thread.run_sync(snapshot, engine.meta, self.workdir,
                                                    limiter=engine.io_limiter)
             finally:
-                engine.meta.snapshots -= 1
+                engine.meta.thread_readers -= 1
             blob = await trio.to_thread.run_sync(pack, seq, db)
             await trio.to_thread.run_sync(engine.cold.put, checkpoint_name(seq), blob,
                                           limiter=engine.s3_limiter)
