@@ -145,8 +145,9 @@ class Operations(pyfuse3.Operations):
     async def lookup(self, parent_inode, name, ctx):
         ino = self.meta.lookup(parent_inode, name)
         node = self.meta.get_inode(ino)
-        if name not in (b".", b".."):
-            self._looked_up(ino)
+        # Every successful lookup counts, "." and ".." included: the kernel sends
+        # those only for exported (NFS) handles and forgets them like any other.
+        self._looked_up(ino)
         return self._entry(node)
 
     async def forget(self, inode_list):
