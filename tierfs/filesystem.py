@@ -69,7 +69,9 @@ def attach(cfg, cold, *, force: bool = False, allow_recover: bool = True):
     sb = read_superblock(cold)
     local_exists = has_metadata(cfg.cache_dir)
     if sb is None and local_exists:
-        local = open_meta(cfg).superblock()
+        probe = open_meta(cfg)
+        local = probe.superblock()
+        probe.close()  # LMDB allows one open environment per file and process
         if local is not None:
             raise UserError(f"cache dir {cfg.cache_dir} belongs to filesystem {local.fs_id}, "
                             f"which is not at {cold.describe()}: use the right URL or a new "
@@ -78,23 +80,31 @@ def attach(cfg, cold, *, force: bool = False, allow_recover: bool = True):
     took = lease.acquire(force)
     if took:
         notes.append(took)
+    try:
+        meta, more = _attach_metadata(cfg, cold, sb, allow_recover)
+    except BaseException:
+        lease.release()  # a refused mount must not keep others out for a lease's lifetime
+        raise
+    return meta, meta.superblock(), lease, notes + more
+
+
+def _attach_metadata(cfg, cold, sb, allow_recover: bool):
+    """Create, recover or open the cache dir's metadata. Returns (store, notes)."""
     if sb is None:
         sb = Superblock(fs_id=str(uuid.uuid4()), extent_size=cfg.extent_size,
                         created_ns=time.time_ns())
         cold.put(SUPERBLOCK_OBJECT, sb.encode())
         meta = open_meta(cfg)
         meta.format(sb, os.getuid(), os.getgid())
-        notes.append(f"created a new tierfs filesystem {sb.fs_id} at {cold.describe()} "
-                     f"(extent size {sb.extent_size})")
-        return meta, sb, lease, notes
-    if not local_exists:
+        return meta, [f"created a new tierfs filesystem {sb.fs_id} at {cold.describe()} "
+                      f"(extent size {sb.extent_size})"]
+    if not has_metadata(cfg.cache_dir):
         if not allow_recover:
             raise UserError(f"cache dir {cfg.cache_dir} holds no metadata of {cold.describe()}")
         meta, report = recover(cold, meta_dir(cfg.cache_dir))
-        notes += report.lines()
         for line in report.lines():
             log.warning("recovery: %s", line)
-        return meta, sb, lease, notes
+        return meta, report.lines()
     meta = open_meta(cfg)
     local = meta.superblock()
     if local is None or local.fs_id != sb.fs_id:
@@ -102,4 +112,4 @@ def attach(cfg, cold, *, force: bool = False, allow_recover: bool = True):
         raise UserError(f"cache dir {cfg.cache_dir} belongs to filesystem "
                         f"{local.fs_id if local else '(none)'}, not to {sb.fs_id} at "
                         f"{cold.describe()}: use the matching cache dir")
-    return meta, sb, lease, notes
+    return meta, []

@@ -72,6 +72,7 @@ class Daemon:
         self._lock_fd = None
         self.meta = None
         self.engine = None
+        self.lease = None
         self.mounted = False
 
     def prepare(self) -> None:
@@ -214,7 +215,9 @@ class Daemon:
             self.mounted = False
         if self.engine is not None:
             self.hot.close()
+        if self.lease is not None:
             self.lease.release()
+            self.lease = None
         if self.meta is not None:
             self.meta.close()
             self.meta = None

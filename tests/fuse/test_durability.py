@@ -347,3 +347,18 @@ def test_metadata_map_grows_then_enospc(mount_factory):
         f.write("room again")
     assert read_file(m.path("after-cleanup")) == b"room again"
     m.allowed_log.append("metadata database is full")
+
+
+@pytest.mark.allow_log_errors
+def test_refused_mount_releases_the_lease(s3m, mount_factory, tmp_path):
+    """A mount refused after taking the lease (wrong cache dir) must not lock the
+    filesystem for the lease's lifetime."""
+    a = s3m(name="a")
+    write_file(a.path("f"), b"kept")
+    a.umount()
+    other = mount_factory(name="other")        # a cache dir of another filesystem
+    other.umount()
+    res = a.cli("mount", a.cold_url, a.mountpoint, "--cache-dir", other.cache_dir)
+    assert res.returncode == 1 and "belongs to filesystem" in res.stderr
+    a.start()                                   # no "mounted read-write by" refusal
+    assert read_file(a.path("f")) == b"kept"
