@@ -298,6 +298,8 @@ class Operations(pyfuse3.Operations):
         await self.engine.fsync(self.handles[fh].ino)
 
     async def release(self, fh):
+        # Not under _guard: release must never fail, the handle is gone either way.
+        t0 = time.perf_counter()
         try:
             handle = self.handles.pop(fh)
             left = self.open_count[handle.ino] - 1
@@ -308,6 +310,7 @@ class Operations(pyfuse3.Operations):
                 self._maybe_purge(handle.ino)
         except Exception:
             log.exception("release failed")
+        self.stats.observe("fuse_op_seconds", "release", time.perf_counter() - t0)
 
     # ---- directories -------------------------------------------------------------------
     @_guard
