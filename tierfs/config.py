@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 from .errors import UserError
 
@@ -64,7 +64,6 @@ class MountConfig:
     fault_file: str | None = None       # tests only: steer a fault-injecting store
     meta_map_size: int = 1 << 36        # LMDB map to start with; doubles when full
     meta_max_map_size: int = 1 << 40    # then ENOSPC
-    extra: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -143,7 +143,7 @@ class Daemon:
 
     async def run(self, on_ready) -> None:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._signals, nursery)
+            nursery.start_soon(self._signals)
             nursery.start_soon(self._announce_ready, on_ready)
             nursery.start_soon(self.control.serve, os.path.join(self.cfg.cache_dir, "control.sock"))
             nursery.start_soon(self._background)
@@ -199,7 +199,7 @@ class Daemon:
         set_bdi_readahead(st.st_dev, self.cfg.read_ahead_kb)
         on_ready()
 
-    async def _signals(self, nursery) -> None:
+    async def _signals(self) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for sig in signals:
                 log.info("signal %d: unmounting", sig)

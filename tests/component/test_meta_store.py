@@ -9,7 +9,7 @@ import stat
 import pytest
 
 from tierfs.errors import FsError
-from tierfs.meta import MetaStore
+from tierfs.meta import MetaStore, scan
 from tierfs.meta import schema as s
 from tierfs.meta.schema import DIRTY, HOT, ROOT_INO, Extent, Superblock
 
@@ -426,7 +426,7 @@ def test_extents_ranges_update_and_gc(meta):
     assert meta.all_extents(f.ino) == exts
     assert meta.all_extents(other.ino) == {0: Extent(flags=HOT | DIRTY)}
     assert err(meta.get_extents, 999_999, 0, 1) == errno.ENOENT
-    assert [(i, x) for i, x, _e in meta.iter_extents()] == \
+    assert [(i, x) for i, x, _e in scan.extents(meta)] == \
         [(f.ino, i) for i in sorted(exts)] + [(other.ino, 0)]
     # Inode and extents in one transaction; None deletes; gc keys added.
     node.size = 12345

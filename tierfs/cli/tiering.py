@@ -139,7 +139,7 @@ def cmd_sync(args) -> int:
     path = os.path.abspath(args.path)
     st = os.stat(path)
     inos = None
-    if not _is_mount_root(path):
+    if not os.path.ismount(path):
         inos = [ino for _p, ino, _s in collect_files([path], True)] if stat.S_ISDIR(st.st_mode) \
             else [st.st_ino]
     t0 = time.monotonic()
@@ -150,10 +150,6 @@ def cmd_sync(args) -> int:
     else:
         print(f"sync of {path} started: {format_size(out['dirty_bytes_before'])} dirty")
     return 0
-
-
-def _is_mount_root(path: str) -> bool:
-    return os.path.ismount(path)
 
 
 def add_parsers(sub) -> None:

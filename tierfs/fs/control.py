@@ -18,6 +18,7 @@ import trio
 
 from ..errors import FsError, TierfsError
 from ..fs.ops import CONTROL_XATTR, STATE_XATTR
+from ..meta import scan
 from ..meta.schema import ROOT_INO
 from ..tier import actions
 
@@ -79,7 +80,7 @@ class Control:
         hot_b, cold_b = st.get("hot_read_bytes", 0), st.get("miss_read_bytes", 0)
         oldest = min((i.last_write for i in index.dirty.values()), default=None)
         cold_bytes = await self.scan_in_thread(
-            lambda: sum(x.obj_len for _i, _x, x in self.meta.iter_extents() if not x.hot))
+            lambda: sum(x.obj_len for _i, _x, x in scan.extents(self.meta) if not x.hot))
         out = {"mountpoint": d.cfg.mountpoint, "cold": d.cold.describe(),
                "cold_bytes": cold_bytes,
                "cache_dir": d.cfg.cache_dir, "extent_size": self.engine.E,

@@ -20,7 +20,7 @@ import trio
 from ..errors import FsError, TierfsError
 from ..meta import MetaStore
 from ..meta.schema import Inode
-from ..tier.engine import Engine
+from ..tier.engine import Engine, kill_suid
 
 log = logging.getLogger(__name__)
 
@@ -136,10 +136,6 @@ class Operations(pyfuse3.Operations):
         self.open_count[ino] = self.open_count.get(ino, 0) + 1
         return fh
 
-    def _check_name(self, name: bytes) -> None:
-        if len(name) > 255:
-            raise FsError(errno.ENAMETOOLONG)
-
     # ---- lookups --------------------------------------------------------------------
     @_guard
     async def lookup(self, parent_inode, name, ctx):
@@ -183,7 +179,7 @@ class Operations(pyfuse3.Operations):
         if fields.update_size:
             node.mtime_ns = t
             if ctx.uid != 0:
-                node.mode = self._killpriv(node.mode)
+                node.mode = kill_suid(node.mode)
         if fields.update_mode:
             node.mode = stat.S_IFMT(node.mode) | stat.S_IMODE(attr.st_mode)
         if fields.update_uid or fields.update_gid:
@@ -192,7 +188,7 @@ class Operations(pyfuse3.Operations):
             if fields.update_gid:
                 node.gid = attr.st_gid
             if not stat.S_ISDIR(node.mode) and not fields.update_mode:
-                node.mode = self._killpriv(node.mode)
+                node.mode = kill_suid(node.mode)
         if fields.update_atime:
             node.atime_ns = attr.st_atime_ns
         if fields.update_mtime:
@@ -200,13 +196,6 @@ class Operations(pyfuse3.Operations):
         node.ctime_ns = attr.st_ctime_ns if fields.update_ctime else t
         self.meta.put_inode(node)
         return self._entry(node)
-
-    @staticmethod
-    def _killpriv(mode: int) -> int:
-        mode &= ~stat.S_ISUID
-        if mode & stat.S_IXGRP:
-            mode &= ~stat.S_ISGID
-        return mode
 
     @_guard
     async def readlink(self, inode, ctx):
@@ -268,7 +257,7 @@ class Operations(pyfuse3.Operations):
             node = self.meta.get_inode(inode)
             node.mtime_ns = node.ctime_ns = time.time_ns()
             if ctx.uid != 0:
-                node.mode = self._killpriv(node.mode)
+                node.mode = kill_suid(node.mode)
             self.meta.put_inode(node)
         return pyfuse3.FileInfo(fh=self._new_fh(inode, flags), keep_cache=True)
 

@@ -106,9 +106,6 @@ class HotStore:
     def truncate(self, ino: int, idx: int, length: int) -> None:
         os.ftruncate(self._fd(ino, idx, True), length)
 
-    def exists(self, ino: int, idx: int) -> bool:
-        return (ino, idx) in self._fds or os.path.exists(self.path(ino, idx))
-
     def remove(self, ino: int, idx: int) -> None:
         self._forget_fd(ino, idx)
         try:

@@ -42,12 +42,6 @@ def extents(store) -> Iterator[tuple[int, int, Extent]]:
         yield ino, idx, Extent.decode(val)
 
 
-def keys_with_ino(store, tag: bytes) -> Iterator[int]:
-    """Inode numbers of the T (symlink), X (xattr), O (orphan) tables."""
-    for key, _val in _scan(store, tag):
-        yield s.read_u64(key, 1)
-
-
 def paths(store) -> dict[int, str]:
     """One path per reachable inode (hard links: any of its names)."""
     parent_of: dict[int, tuple[int, bytes]] = {}

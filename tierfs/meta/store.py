@@ -11,7 +11,7 @@ import functools
 import os
 import stat
 import time
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable
 
 import lmdb
 
@@ -535,17 +535,6 @@ class MetaStore:
 
     def all_extents(self, ino: int) -> dict[int, Extent]:
         return self.get_extents(ino, 0, (1 << 64) - 1)[1]
-
-    def iter_extents(self) -> Iterator[tuple[int, int, Extent]]:
-        """Every extent of the filesystem (one read transaction, for startup scans)."""
-        with self._read() as txn:
-            cur = txn.cursor()
-            if cur.set_range(b"E"):
-                for key, val in cur:
-                    if key[:1] != b"E":
-                        break
-                    ino, idx = s.split_extent_key(key)
-                    yield ino, idx, Extent.decode(val)
 
     @_grows_when_full
     def update(self, inode: Inode | None, extents: dict[tuple[int, int], Extent | None] = {},

@@ -117,6 +117,3 @@ class HotIndex:
 
     def indices(self, ino: int) -> list[int]:
         return sorted(self.by_ino.get(ino, ()))
-
-    def is_hot(self, key: Key) -> bool:
-        return key in self.sizes

@@ -76,7 +76,6 @@ class Checkpointer:
         self.interval = interval
         self.keep = max(1, keep)
         self.kept: list[int] = []
-        self.last_done = 0.0
         self._lock = trio.Lock()
 
     def load(self) -> None:
@@ -121,7 +120,6 @@ class Checkpointer:
                 await trio.to_thread.run_sync(engine.cold.delete, checkpoint_name(s),
                                               limiter=engine.s3_limiter)
             engine.stats.inc("checkpoints")
-            self.last_done = time.time()
             log.info("metadata checkpoint %d: %d bytes in %.2fs", seq, len(db),
                      time.monotonic() - t0)
             return seq

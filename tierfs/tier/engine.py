@@ -19,7 +19,7 @@ import trio
 from ..checksum import xxh3
 from ..errors import ChecksumMismatch, ColdStoreError, FsError, ObjectNotFound
 from ..hot import HotStore
-from ..meta import MetaStore
+from ..meta import MetaStore, scan
 from ..meta.schema import DIRTY, HOT, Extent, object_name
 from .cache import HotIndex, Key
 from .stats import Stats
@@ -48,12 +48,12 @@ class Engine:
         self.io_limiter = trio.CapacityLimiter(io_threads)
         self._fetching: dict[Key, trio.Event] = {}
         self.gc_guard = lambda epoch: True  # may an object dropped in `epoch` go?
-        self.busy: set[Key] = set()
+        self.busy: set[Key] = set()  # extents being changed: never evicted meanwhile
         # Clean hot extents whose checksum was checked since mount (or that we
         # wrote ourselves): the first read of any other one verifies it.
         self.verified: set[Key] = set()
         self._verifying: dict[Key, trio.Event] = {}
-        self.verify_hot = True  # extents being changed: never evicted meanwhile
+        self.verify_hot = True
         self.space = None  # set by the tiering layer: awaits room on the hot tier
         # With the kernel's writeback cache the kernel owns mtime/ctime of written
         # files and sends them with setattr; stamping our own on every write would
@@ -70,7 +70,7 @@ class Engine:
         problems = []
         on_disk = {(ino, idx): size for ino, idx, size in self.hot.scan()}
         fixes: dict[Key, Extent | None] = {}
-        for ino, idx, ext in self.meta.iter_extents():
+        for ino, idx, ext in scan.extents(self.meta):
             key = (ino, idx)
             size = on_disk.pop(key, None)
             if ext.hot and size is None:

@@ -20,7 +20,6 @@ class GarbageCollector:
         self.engine = engine
         self.interval = interval
         self.batch = batch
-        self.deleted = 0
         self.paused = lambda: False  # e.g. while this node is fenced off
 
     async def run(self) -> None:
@@ -48,6 +47,5 @@ class GarbageCollector:
             log.warning("gc: deleting objects failed (%s); will retry", e)
             return 0
         meta.gc_done(ids)
-        self.deleted += len(ids)
         self.engine.stats.inc("gc_deleted", len(ids))
         return len(ids)

@@ -33,11 +33,9 @@ class Space:
         self.min_free = min_free
         self.policy = policy
         self.wait_limit = wait_limit
-        self.filled_once = False            # for the no-replace policy
         self.room_freed = trio.Event()      # set whenever uploads clean something
         self.need_upload = trio.Event()     # asks the uploader to skip its delay
         self._free_cache = (0.0, 0)
-        self.evicted = 0
         self.reserved = 0  # admitted fetches not installed yet
 
     def disk_free(self) -> int:
@@ -86,7 +84,6 @@ class Space:
             self.index.lru[key] = None
         if batch:
             meta.update(None, batch)
-            self.evicted += len(batch)
             self.engine.stats.inc("evictions", len(batch))
             self._free_cache = (0.0, 0)
         return freed
@@ -96,7 +93,6 @@ class Space:
         If so, `n` bytes stay reserved until release(n) once it is installed."""
         over = self._over(n)
         if over > 0:
-            self.filled_once = True
             if self.policy == "no-replace":
                 return False
             self.evict(over)
