@@ -40,6 +40,7 @@ import platform
 import queue
 import random
 import re
+import shlex
 import shutil
 import signal
 import statistics
@@ -96,6 +97,7 @@ class Config:
     prefetch_factor: int = 2
     block: int = 1 * MiB
     skip: tuple[str, ...] = ()
+    mount_args: tuple[str, ...] = ()  # extra `tierfs mount` flags, to compare configurations
 
     def runs(self, workload: str) -> bool:
         return workload not in self.skip
@@ -117,7 +119,8 @@ def make_config(args) -> Config:
     return Config(quick=args.quick, reps=args.reps or (2 if args.quick else 3),
                   ckpt_bytes=ckpt, mixed_write_bytes=mib(mixed * x),
                   small_files=max(200, int(files * x)), scale_files=max(1000, int(scale * x)),
-                  rawget_bytes=rawget, skip=tuple(args.skip))
+                  rawget_bytes=rawget, skip=tuple(args.skip),
+                  mount_args=tuple(shlex.split(args.mount_args)))
 
 
 # ---- system helpers -----------------------------------------------------------------------
@@ -805,7 +808,8 @@ def run_rep(rep: int, cfg: Config, workdir: str, ctx: dict, stack, out: dict) ->
     log(f"repetition {rep + 1}/{cfg.reps}: tierfs")
     base = os.path.join(workdir, f"tierfs-r{rep}")
     faults = os.path.join(base, "bucket-latency.json")
-    mount = TierfsMount(f"s3://{BUCKET}/r{rep}", base, extra_args=("--fault-file", faults))
+    mount = TierfsMount(f"s3://{BUCKET}/r{rep}", base,
+                        extra_args=("--fault-file", faults, *cfg.mount_args))
     stack.callback(mount.cleanup)
     try:
         mount.mount()
@@ -1063,6 +1067,8 @@ def parse_args(argv=None):
                    "in $TMPDIR or /var/tmp); local dir, hot tier and mounts go below it")
     p.add_argument("--skip", nargs="+", default=[], choices=WORKLOADS, metavar="W",
                    help=f"workloads to skip: {' '.join(WORKLOADS)}")
+    p.add_argument("--mount-args", default="",
+                   help="extra `tierfs mount` flags for the tierfs side, e.g. '--no-writeback-cache'")
     return p.parse_args(argv)
 
 

@@ -14,6 +14,7 @@ import trio
 from .config import MountConfig
 from .errors import ColdStoreError, UserError
 from .filesystem import attach, open_cold
+from .fs import request_wait
 from .fs.control import Control
 from .fs.ops import Operations
 from .hot import HotStore
@@ -147,6 +148,7 @@ class Daemon:
             nursery.start_soon(self._announce_ready, on_ready)
             nursery.start_soon(self.control.serve, os.path.join(self.cfg.cache_dir, "control.sock"))
             nursery.start_soon(self._background)
+            request_wait.install(self.stats)
             await pyfuse3.main()
             log.info("FUSE session ended; shutting down")
             nursery.cancel_scope.cancel()

@@ -1,3 +1,5 @@
+import concurrent.futures
+import json
 import os
 
 
@@ -9,3 +11,21 @@ def test_write_read_remount(mnt):
     with open(mnt.path("hello.txt"), "rb") as f:
         assert f.read() == b"hello tierfs\n" * 1000
     assert sorted(os.listdir(mnt.mountpoint)) == ["dir", "hello.txt"]
+
+
+def test_parallel_requests_are_taken_from_the_queue(mnt):
+    """Requests that queue up while the daemon is busy are read without a trip
+    through trio's epoll (tierfs/fs/request_wait.py): pyfuse3 must really call it."""
+    for i in range(8):
+        with open(mnt.path(f"f{i}"), "wb") as f:
+            f.write(b"x" * 4096)
+
+    def opener(i):
+        for _ in range(300):
+            os.close(os.open(mnt.path(f"f{i}"), os.O_RDONLY))
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(opener, range(8)))
+    status = mnt.cli("status", mnt.mountpoint, "--json", check=True)
+    counters = json.loads(status.stdout)["counters"]
+    assert counters.get("fuse_requests_queued", 0) > 0
