@@ -160,6 +160,21 @@ def test_concurrent_readers_share_gets(s3m):
     assert status(m)["counters"]["cold_reads"] - before == 8
 
 
+
+def test_sequential_cold_read_fetches_ahead_once_per_extent(s3m):
+    m = s3m()
+    data = pattern(24 * MiB, 6)
+    write_file(m.path("seq"), data)
+    make_cold(m, m.path("seq"))
+    before = status(m)["counters"]
+    with open(m.path("seq"), "rb", buffering=0) as f:
+        got = b"".join(iter(lambda: f.read(256 * 1024), b""))
+    assert got == data
+    after = status(m)["counters"]
+    # The reader found extents already on their way, and none was fetched twice.
+    assert after.get("readahead_extents", 0) - before.get("readahead_extents", 0) > 0
+    assert after["cold_reads"] - before.get("cold_reads", 0) == 24
+
 @pytest.mark.allow_log_errors
 def test_corrupted_object_gives_eio(s3m):
     m = s3m()

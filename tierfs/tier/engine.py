@@ -27,6 +27,15 @@ from .stats import Stats
 log = logging.getLogger(__name__)
 
 
+class _Fetch:
+    """One extent on its way from the bucket; readers that wait for it share its bytes."""
+    __slots__ = ("done", "data")
+
+    def __init__(self):
+        self.done = trio.Event()
+        self.data: bytes | None = None
+
+
 def kill_suid(mode: int) -> int:
     """Mode after a write/truncate/chown: setuid goes, setgid too if group-executable."""
     mode &= ~stat.S_ISUID
@@ -46,7 +55,7 @@ class Engine:
         self.index = HotIndex()
         self.s3_limiter = trio.CapacityLimiter(s3_threads)
         self.io_limiter = trio.CapacityLimiter(io_threads)
-        self._fetching: dict[Key, trio.Event] = {}
+        self._fetching: dict[Key, _Fetch] = {}
         self.gc_guard = lambda epoch: True  # may an object dropped in `epoch` go?
         self.busy: set[Key] = set()  # extents being changed: never evicted meanwhile
         # Clean hot extents whose checksum was checked since mount (or that we
@@ -61,7 +70,8 @@ class Engine:
         self.kernel_times = False
         self.nursery = None  # set once background tasks run: readahead lives there
         self.readahead_max = 16  # extents ahead of a sequential reader
-        self._streams: dict[int, list[int]] = {}  # ino -> [next offset, window, last idx]
+        # ino -> [next offset, window, extent being read, last extent already read ahead]
+        self._streams: dict[int, list[int]] = {}
 
     # ---- startup ----------------------------------------------------------------
     def load_index(self) -> list[str]:
@@ -205,7 +215,7 @@ class Engine:
         if stream is None or stream[0] != off:
             if len(self._streams) > 4096:
                 self._streams.clear()
-            stream = self._streams[ino] = [end, 1, (end - 1) // self.E]
+            stream = self._streams[ino] = [end, 1, (end - 1) // self.E, (end - 1) // self.E]
             if off != 0:
                 return
         stream[0] = end
@@ -216,9 +226,11 @@ class Engine:
         window = stream[1]
         stream[1] = min(window * 2, self.readahead_max)
         last = min(idx + window, (size - 1) // self.E)
-        if last <= idx:
+        first = max(idx, stream[3]) + 1  # extents already in the window were asked for once
+        if last < first:
             return
-        _n, exts = self.meta.get_extents(ino, idx + 1, last)
+        stream[3] = last
+        _n, exts = self.meta.get_extents(ino, first, last)
         for i, ext in exts.items():
             if ext.hot:
                 self.hot.will_need(ino, i)  # the disk reads it ahead, in parallel
@@ -264,13 +276,15 @@ class Engine:
                 except FileNotFoundError:
                     await self._hot_file_lost(ino, idx)
                     continue
-            event = self._fetching.get(key)
-            if event is None:
+            pending = self._fetching.get(key)
+            if pending is None:
                 break
-            await event.wait()
-        event = self._fetching[key] = trio.Event()
+            await pending.done.wait()
+            if pending.data is not None and not for_write:
+                return pending.data  # a reader needs the bytes, not a re-read of the file
+        pending = self._fetching[key] = _Fetch()
         try:
-            data = await self.get_verified(ext)
+            data = pending.data = await self.get_verified(ext)
             admitted = 0
             if self.space is not None:
                 if for_write:
@@ -297,7 +311,7 @@ class Engine:
             return data
         finally:
             del self._fetching[key]
-            event.set()
+            pending.done.set()
 
     async def get_verified(self, ext: Extent) -> bytes:
         """Read an extent's object range and verify its xxh3 (in a worker thread)."""
