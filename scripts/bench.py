@@ -197,7 +197,7 @@ class TierfsMount:
         tierfs_cli("mount", self.cold_url, self.mountpoint, "--cache-dir", self.cache_dir,
                    *self.extra_args, timeout=600)
         took = time.monotonic() - t0
-        self.pid = json.loads(os.getxattr(self.mountpoint, "user.tierfs.control"))["pid"]
+        self.pid = json.loads(tierfs_cli("status", self.mountpoint, "--json").stdout)["pid"]
         return took
 
     def record_rss(self) -> float | None:
@@ -289,7 +289,7 @@ class TierfsTarget:
         """Leave the file only in the bucket: sync, release its hot copy, drop caches."""
         tierfs_cli("sync", self.root, "--wait")
         tierfs_cli("release", path)
-        state = json.loads(os.getxattr(path, "user.tierfs.state"))
+        state = json.loads(tierfs_cli("status", path, "--json").stdout)["file"]
         drop_caches()
         return {"hot_bytes_after_release": state.get("hot", 0)}
 

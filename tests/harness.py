@@ -1,7 +1,6 @@
 """Mount the real tierfs daemon for tests and always clean up after it."""
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -9,6 +8,7 @@ import subprocess
 import sys
 import time
 
+from tierfs.client import daemon_info
 from tierfs.mountpoint import mounts
 
 
@@ -50,7 +50,7 @@ class Mount:
         return res
 
     def daemon_pid(self) -> int:
-        return json.loads(os.getxattr(self.mountpoint, "user.tierfs.control"))["pid"]
+        return daemon_info(self.mountpoint)["pid"]
 
     @property
     def mounted(self) -> bool:

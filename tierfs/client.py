@@ -1,10 +1,12 @@
 """Client side of the control interface: find a mount's daemon and talk to it."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
 
+from . import registry
 from .errors import UserError
 from .mountpoint import DEAD_MOUNT
 
@@ -21,7 +23,12 @@ def daemon_info(path: str) -> dict:
         if e.errno in DEAD_MOUNT:
             raise UserError(f"the daemon serving {path} has died: run tierfs umount on its "
                             f"mount point, then mount again") from None
-        raise UserError(f"{path} is not inside a tierfs mount") from None
+        info = None
+        if e.errno == errno.EOPNOTSUPP:  # a mount with --no-xattr, or not tierfs at all
+            info = registry.lookup(os.stat(path).st_dev)
+        if info is None:
+            raise UserError(f"{path} is not inside a tierfs mount") from None
+        return info
     return json.loads(raw)
 
 

@@ -53,6 +53,7 @@ class MountConfig:
     allow_other: bool | None = None     # None: on when running as root
     default_permissions: bool = True
     writeback_cache: bool = True
+    xattr: bool = True
     read_ahead_kb: int = 1024
     s3_endpoint: str | None = None
     s3_region: str | None = None
@@ -96,6 +97,8 @@ OPTIONS = (
     Option("default_permissions", "bool", "let the kernel check file permissions"),
     Option("writeback_cache", "bool", "use the kernel's writeback cache"),
     Option("read_ahead_kb", "int", "kernel readahead of the mount in KiB"),
+    Option("xattr", "bool", "serve extended attributes; off: no user.* xattrs and no "
+           "user.tierfs.state, but no xattr round trip before each write or per `ls -l` entry"),
     Option("s3_endpoint", "str", "S3 endpoint URL (default: AWS_ENDPOINT_URL or AWS)"),
     Option("s3_region", "str", "S3 region"),
     Option("s3_path_style", "bool", "path-style S3 addressing"),

@@ -14,6 +14,7 @@ import trio
 from .config import MountConfig
 from .errors import ColdStoreError, UserError
 from .filesystem import attach, open_cold
+from . import registry
 from .fs import request_wait
 from .fs.control import Control
 from .fs.ops import Operations
@@ -75,6 +76,7 @@ class Daemon:
         self.engine = None
         self.lease = None
         self.mounted = False
+        self._registered: str | None = None  # registry entry of a --no-xattr mount
 
     def prepare(self) -> None:
         """Everything that can fail with a user error, before mounting."""
@@ -122,6 +124,7 @@ class Daemon:
         self.ops = Operations(self.meta, self.engine, timeout=cfg.attr_timeout,
                               control=self.control)
         self.ops.enable_writeback_cache = cfg.writeback_cache
+        self.ops.xattrs = cfg.xattr
 
     def fuse_options(self) -> set[str]:
         opts = {"fsname=tierfs", "subtype=tierfs"}
@@ -199,6 +202,8 @@ class Daemon:
         # The mount answers only once pyfuse3.main runs; stat it from a thread.
         st = await trio.to_thread.run_sync(os.stat, self.cfg.mountpoint)
         set_bdi_readahead(st.st_dev, self.cfg.read_ahead_kb)
+        if not self.cfg.xattr:  # clients cannot ask user.tierfs.control: register instead
+            self._registered = registry.register(st.st_dev, self.control.info())
         on_ready()
 
     async def _signals(self) -> None:
@@ -209,6 +214,9 @@ class Daemon:
                 return
 
     def close(self) -> None:
+        if self._registered:
+            registry.unregister(self._registered)
+            self._registered = None
         if self.mounted:
             try:
                 pyfuse3.close(unmount=True)

@@ -38,11 +38,14 @@ class Control:
                          "hint": self.cmd_hint}
 
     # ---- virtual xattrs ------------------------------------------------------------
+    def info(self) -> dict:
+        """What a client needs to reach this daemon."""
+        return {"pid": os.getpid(), "cache_dir": self.daemon.cfg.cache_dir,
+                "socket": self.socket_path, "mountpoint": self.daemon.cfg.mountpoint}
+
     def virtual_xattr(self, ino: int, name: bytes) -> bytes | None:
         if name == CONTROL_XATTR:
-            return json.dumps({"pid": os.getpid(), "cache_dir": self.daemon.cfg.cache_dir,
-                               "socket": self.socket_path,
-                               "mountpoint": self.daemon.cfg.mountpoint}).encode()
+            return json.dumps(self.info()).encode()
         if name == STATE_XATTR:
             return json.dumps(self.file_state(ino), sort_keys=True).encode()
         return None
@@ -81,7 +84,7 @@ class Control:
         oldest = min((i.last_write for i in index.dirty.values()), default=None)
         cold_bytes = await self.scan_in_thread(
             lambda: sum(x.obj_len for _i, _x, x in scan.extents(self.meta) if not x.hot))
-        out = {"mountpoint": d.cfg.mountpoint, "cold": d.cold.describe(),
+        out = {"mountpoint": d.cfg.mountpoint, "pid": os.getpid(), "cold": d.cold.describe(),
                "cold_bytes": cold_bytes,
                "cache_dir": d.cfg.cache_dir, "extent_size": self.engine.E,
                "hot_bytes": index.total, "dirty_bytes": index.dirty_bytes,

@@ -71,6 +71,9 @@ class Handle:
 
 class Operations(pyfuse3.Operations):
     enable_writeback_cache = True
+    # False answers every xattr request with ENOSYS, which the kernel remembers for the
+    # connection: no more xattr round trips (one before each write, two per `ls -l` entry).
+    xattrs = True
 
     def __init__(self, meta: MetaStore, engine: Engine, *, timeout: float = 60.0,
                  control=None):
@@ -355,8 +358,13 @@ class Operations(pyfuse3.Operations):
         return out
 
     # ---- xattrs --------------------------------------------------------------------------
+    def _check_xattrs(self) -> None:
+        if not self.xattrs:
+            raise FsError(errno.ENOSYS)
+
     @_guard
     async def setxattr(self, inode, name, value, ctx):
+        self._check_xattrs()
         if name.startswith(b"user.tierfs."):
             raise FsError(errno.EPERM)
         self.meta.set_xattr(inode, name, value)
@@ -365,6 +373,7 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def getxattr(self, inode, name, ctx):
+        self._check_xattrs()
         if name == CAPABILITY_XATTR and not self.capabilities_exist:
             # The kernel asks this before every write; answer without a lookup.
             raise FsError(pyfuse3.ENOATTR)
@@ -380,8 +389,10 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def listxattr(self, inode, ctx):
+        self._check_xattrs()
         return self.meta.list_xattrs(inode)
 
     @_guard
     async def removexattr(self, inode, name, ctx):
+        self._check_xattrs()
         self.meta.remove_xattr(inode, name)

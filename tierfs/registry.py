@@ -1,0 +1,59 @@
+"""Where clients find a mount's daemon when the mount has xattrs turned off.
+
+Normally the virtual xattr `user.tierfs.control` answers that. A mount with
+`--no-xattr` cannot answer any xattr, so its daemon also writes the same JSON to
+`<run dir>/dev-<major>-<minor>.json`, named after the mount's device number (the
+st_dev every path inside the mount reports), and removes it on exit. A client
+trusts an entry only if its mount point still has that device number and its
+daemon is alive, so entries left by a killed daemon are ignored.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+
+
+def run_dirs() -> list[str]:
+    """Where entries may be: the system-wide dir (root's daemons), then the user's."""
+    dirs = ["/run/tierfs"]
+    user = os.environ.get("XDG_RUNTIME_DIR")
+    if user:
+        dirs.append(os.path.join(user, "tierfs"))
+    return dirs
+
+
+def _entry(directory: str, dev: int) -> str:
+    return os.path.join(directory, f"dev-{os.major(dev)}-{os.minor(dev)}.json")
+
+
+def register(dev: int, info: dict) -> str:
+    """Write the entry for the mount with device number `dev`; return its path."""
+    directory = run_dirs()[0] if os.geteuid() == 0 else run_dirs()[-1]
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    path = _entry(directory, dev)
+    tmp = f"{path}.{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(info, f)
+    os.replace(tmp, path)
+    return path
+
+
+def unregister(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def lookup(dev: int) -> dict | None:
+    """The live daemon serving the mount with device number `dev`, if registered."""
+    for directory in run_dirs():
+        try:
+            with open(_entry(directory, dev)) as f:
+                info = json.load(f)
+            if os.stat(info["mountpoint"]).st_dev != dev:
+                continue
+            os.kill(info["pid"], 0)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        return info
+    return None
