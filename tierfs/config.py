@@ -83,7 +83,8 @@ OPTIONS = (
     Option("extent_size", "size", "extent size of a NEW filesystem (fixed once created)"),
     Option("cache_size", "size", "hot tier high watermark, e.g. 200G (0: 90%% of the cache disk)"),
     Option("min_free", "size", "free space to keep on the cache disk"),
-    Option("upload_delay", "float", "seconds after the last write before an extent is uploaded"),
+    Option("upload_delay", "float", "seconds after the last write before an extent is uploaded "
+           "(up to 4x as long while the mount is being written)"),
     Option("upload_parallel", "int", "concurrent uploads"),
     Option("unmount_upload_timeout", "float", "seconds unmount spends uploading dirty data"),
     Option("checkpoint_interval", "float", "seconds between metadata checkpoints into the "

@@ -255,6 +255,21 @@ def test_control_commands_output_and_exit_codes(s3m):
         assert read_file(m.path(name)) == data
 
 
+
+def test_uploads_wait_while_the_mount_is_written(s3m):
+    m = s3m("--upload-delay", "2")  # uploads wait at most 4 x 2 s while writes go on
+    write_file(m.path("first"), pattern(MiB, 13))
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 5:  # another file keeps being written
+        with open(m.path("log"), "ab") as f:
+            f.write(b"x" * 4096)
+        time.sleep(0.1)
+    assert status(m, m.path("first"))["file"]["dirty"] == MiB
+    deadline = time.monotonic() + 30
+    while status(m, m.path("first"))["file"]["dirty"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert status(m, m.path("first"))["file"]["dirty"] == 0
+
 def test_remount_keeps_hot_data_hot(s3m):
     m = s3m()
     data = pattern(3 * MiB, 11)

@@ -1,5 +1,8 @@
 """Write-back: upload dirty extents to the bucket after a delay since their last
-write, with bounded parallelism.
+write, with bounded parallelism. While any extent was written within the delay
+(a checkpoint is being written), uploads wait up to MAX_WAIT_FACTOR delays, so
+the writer has the CPU and the disk; `sync`, unmount and a full hot tier do not
+wait.
 
 An upload reads the extent in a worker thread, checksums it, puts it under a
 fresh object id and then, back on the trio thread, marks the extent clean only
@@ -21,6 +24,8 @@ from ..meta.schema import DIRTY, object_name
 from .cache import Key
 
 log = logging.getLogger(__name__)
+
+MAX_WAIT_FACTOR = 4
 
 
 class Uploader:
@@ -45,11 +50,16 @@ class Uploader:
             return []
         urgent_all = self.space.need_upload.is_set()
         urgent = self.urgent or set()
+        dirty = self.engine.index.dirty
+        # While the mount is being written, uploads wait (they would take CPU and disk
+        # from the writer), but never longer than MAX_WAIT_FACTOR delays.
+        writing = any(now - info.last_write < self.delay for info in dirty.values())
+        quiet_for = self.delay * (MAX_WAIT_FACTOR if writing else 1)
         due = []
-        for key, info in self.engine.index.dirty.items():
+        for key, info in dirty.items():
             if key in self.in_flight:
                 continue
-            if urgent_all or key[0] in urgent or now - info.last_write >= self.delay:
+            if urgent_all or key[0] in urgent or now - info.last_write >= quiet_for:
                 due.append(key)
         return due
 
