@@ -11,7 +11,7 @@ import time
 
 import boto3
 
-from tests.harness import drop_page_cache, read_file, write_file
+from tests.harness import cached_pages, drop_page_cache, read_file, write_file
 import pytest
 
 MiB = 1 << 20
@@ -269,6 +269,25 @@ def test_uploads_wait_while_the_mount_is_written(s3m):
     while status(m, m.path("first"))["file"]["dirty"] and time.monotonic() < deadline:
         time.sleep(0.2)
     assert status(m, m.path("first"))["file"]["dirty"] == 0
+
+
+def test_open_starts_the_disk_read_of_a_hot_file(mnt):
+    """Opening a hot file asks the disk for its first MiB, so the first read
+    request finds it cached and is served without a thread hop."""
+    write_file(mnt.path("f"), pattern(256 * 1024, 14))
+    mnt.cli("sync", mnt.mountpoint, "--wait", check=True)  # the upload reads it too
+    ino = os.stat(mnt.path("f")).st_ino
+    hot_file = os.path.join(mnt.cache_dir, "hot", f"{ino & 0xff:02x}", f"{ino:x}.0")
+    drop_page_cache(hot_file)
+    assert cached_pages(hot_file) == 0
+    fd = os.open(mnt.path("f"), os.O_RDONLY)  # open only: nothing is read
+    try:
+        deadline = time.monotonic() + 10
+        while cached_pages(hot_file) < 64 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert cached_pages(hot_file) == 64
+    finally:
+        os.close(fd)
 
 def test_remount_keeps_hot_data_hot(s3m):
     m = s3m()

@@ -262,6 +262,8 @@ class Operations(pyfuse3.Operations):
             if ctx.uid != 0:
                 node.mode = kill_suid(node.mode)
             self.meta.put_inode(node)
+        else:
+            self.engine.opened(inode)
         return pyfuse3.FileInfo(fh=self._new_fh(inode, flags), keep_cache=True)
 
     @_guard

@@ -74,10 +74,11 @@ class HotStore:
                 self.nowait = False  # overlayfs, tmpfs: plain inline reads from now on
         return os.preadv(fd, [out], offset)
 
-    def will_need(self, ino: int, idx: int) -> None:
-        """Start reading an extent file into the page cache (asynchronously)."""
+    def will_need(self, ino: int, idx: int, length: int = 0) -> None:
+        """Start reading an extent file (its first `length` bytes; 0: all) into the
+        page cache (asynchronously)."""
         try:
-            os.posix_fadvise(self._fd(ino, idx, False), 0, 0, os.POSIX_FADV_WILLNEED)
+            os.posix_fadvise(self._fd(ino, idx, False), 0, length, os.POSIX_FADV_WILLNEED)
         except OSError:
             pass  # missing or unsupported: the read itself will tell
 

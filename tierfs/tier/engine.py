@@ -206,6 +206,12 @@ class Engine:
         self.index.remove(key)
         return False
 
+    def opened(self, ino: int) -> None:
+        """A file was opened: start the disk read of its first MiB if it is hot, so the
+        first read request most likely finds it cached and is served inline."""
+        if (ino, 0) in self.index.sizes:
+            self.hot.will_need(ino, 0, 1 << 20)
+
     def _readahead(self, ino: int, off: int, end: int, size: int) -> None:
         """Sequential readers get the next extents fetched in parallel, with a
         window that doubles each time the reader enters a new extent."""
