@@ -21,31 +21,33 @@ def trio_waits(monkeypatch):
     return calls
 
 
-def test_queued_requests_skip_trio_wait_up_to_streak(trio_waits):
-    stats = Stats()
-    waiter = request_wait.RequestWaiter(stats)
+@pytest.fixture
+def fuse_fd():
+    """A stand-in for /dev/fuse: (the fd to wait on, its writing end)."""
     a, b = socket.socketpair()
-    fd = a.fileno()
     with a, b:
-        b.send(b"request")  # a is readable from now on
+        yield a.fileno(), b
 
-        async def main():
-            for _ in range(request_wait.MAX_STREAK + 1):
-                await waiter.wait_readable(fd)
-        trio.run(main)
-    assert stats.counters["fuse_requests_queued"] == request_wait.MAX_STREAK
+
+def test_queued_requests_skip_trio_wait_up_to_streak(trio_waits, fuse_fd):
+    fd, peer = fuse_fd
+    waiter = request_wait.RequestWaiter(Stats())
+    peer.send(b"request")  # fd is readable from now on
+
+    async def main():
+        for _ in range(request_wait.MAX_STREAK + 1):
+            await waiter.wait_readable(fd)
+    trio.run(main)
+    assert waiter.stats.counters["fuse_requests_queued"] == request_wait.MAX_STREAK
     assert trio_waits == [fd]  # the one turn given back to trio
 
 
-def test_empty_queue_waits_in_trio(trio_waits):
-    stats = Stats()
-    waiter = request_wait.RequestWaiter(stats)
-    a, b = socket.socketpair()
-    fd = a.fileno()
-    with a, b:
-        trio.run(waiter.wait_readable, fd)
+def test_empty_queue_waits_in_trio(trio_waits, fuse_fd):
+    fd, _peer = fuse_fd
+    waiter = request_wait.RequestWaiter(Stats())
+    trio.run(waiter.wait_readable, fd)
     assert trio_waits == [fd]
-    assert stats.counters["fuse_requests_queued"] == 0
+    assert waiter.stats.counters["fuse_requests_queued"] == 0
 
 
 def test_install_changes_pyfuse3_only(monkeypatch):
