@@ -60,6 +60,7 @@ for _p in (SCRIPTS, REPO):
 import bench_workers as bw  # noqa: E402
 from tests import moto_server as moto  # noqa: E402
 from tierfs.cli.mount import pid_alive  # noqa: E402
+from tierfs.client import daemon_info  # noqa: E402
 from tierfs.mountpoint import mounts  # noqa: E402
 from tests.moto_server import TEST_REGION, make_bucket, s3_env  # noqa: E402
 
@@ -197,7 +198,7 @@ class TierfsMount:
         tierfs_cli("mount", self.cold_url, self.mountpoint, "--cache-dir", self.cache_dir,
                    *self.extra_args, timeout=600)
         took = time.monotonic() - t0
-        self.pid = json.loads(tierfs_cli("status", self.mountpoint, "--json").stdout)["pid"]
+        self.pid = daemon_info(self.mountpoint)["pid"]  # no status: that scans the database
         return took
 
     def record_rss(self) -> float | None:
