@@ -6,8 +6,8 @@ epoll_wait and a trip through the scheduler: about a third of the daemon's CPU
 when small requests stream in. When requests are already queued, a zero-timeout
 poll says so for one cheap syscall and the wait can return at once; trio's own
 wait runs only when the queue is empty, and at least every MAX_STREAK requests
-so that background tasks (uploads, timers) keep their turn. Measured on 2 cores with
-8 processes re-reading 64 KiB files: 7.5-8.0k -> 10-11k files/s for the same daemon CPU.
+so that background tasks (uploads, timers) keep their turn. docs/architecture.md
+(Round trips) has the profile and the measured effect.
 
 pyfuse3 looks `trio` up in its module globals at call time, so the faster wait
 is given to pyfuse3 alone through a copy of the trio namespace; every other
