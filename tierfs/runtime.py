@@ -11,10 +11,10 @@ import signal
 import pyfuse3
 import trio
 
+from . import registry
 from .config import MountConfig
 from .errors import ColdStoreError, UserError
 from .filesystem import attach, open_cold
-from . import registry
 from .fs import request_wait
 from .fs.control import Control
 from .fs.ops import Operations
