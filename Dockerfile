@@ -43,7 +43,7 @@ RUN set -eux; \
     done; \
     rm -rf /tmp/docker-ca; \
     if command -v update-ca-certificates >/dev/null 2>&1; then update-ca-certificates; fi; \
-    pkgs="ca-certificates fuse3 libfuse3-dev pkg-config gcc libc6-dev attr"; \
+    pkgs="ca-certificates fuse3 libfuse3-dev pkg-config gcc libc6-dev attr strace"; \
     if ! command -v python3 >/dev/null 2>&1; then \
       pkgs="$pkgs python3 python3-venv python3-dev"; \
     else \

@@ -10,7 +10,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 need_apt=0
-for bin in fusermount3 pkg-config gcc; do
+for bin in fusermount3 pkg-config gcc strace; do
   command -v "$bin" >/dev/null 2>&1 || need_apt=1
 done
 [ -f /usr/include/fuse3/fuse_lowlevel.h ] || need_apt=1
@@ -18,7 +18,7 @@ python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need_apt=1
 if [ "$need_apt" = 1 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv attr >/dev/null
+  apt-get install -y -qq fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv attr strace >/dev/null
 fi
 
 if [ ! -x .venv/bin/python ]; then

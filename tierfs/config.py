@@ -48,6 +48,7 @@ class MountConfig:
     checkpoint_interval: float = 300.0
     checkpoint_keep: int = 3
     cold_timeout: float = 30.0
+    write_wait: float = 60.0
     cache_policy: str = "lru"
     attr_timeout: float = 60.0
     allow_other: bool | None = None     # None: on when running as root
@@ -90,7 +91,10 @@ OPTIONS = (
     Option("checkpoint_interval", "float", "seconds between metadata checkpoints into the "
            "bucket (0: only on sync --wait and unmount)"),
     Option("checkpoint_keep", "int", "metadata checkpoints kept in the bucket"),
-    Option("cold_timeout", "float", "seconds a cold read retries a failing bucket before EIO"),
+    Option("cold_timeout", "float", "seconds a cold read waits for a failing or silent bucket "
+           "before EIO"),
+    Option("write_wait", "float", "seconds writes wait for room on a hot tier full of data "
+           "not uploaded yet (a bucket outage) before ENOSPC"),
     Option("cache_policy", "str", "eviction policy of the hot tier", ("lru", "no-replace")),
     Option("attr_timeout", "float", "seconds the kernel may cache attributes and names"),
     Option("allow_other", "bool", "make the mount visible to all users (default: on when "

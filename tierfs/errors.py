@@ -24,6 +24,14 @@ class UserError(TierfsError):
     """Bad input or environment: printed as one line naming the problem and the fix."""
 
 
+class NotInBucket(UserError):
+    """Data this mount accepted is not in the bucket (yet, or ever: fenced).
+    The command line exits with EXIT_NOT_IN_BUCKET for it."""
+
+
+EXIT_NOT_IN_BUCKET = 3
+
+
 class ColdStoreError(TierfsError):
     """The object store failed. `transient` errors may succeed when retried."""
 

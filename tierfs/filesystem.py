@@ -63,7 +63,7 @@ def has_metadata(cache_dir: str) -> bool:
     return os.path.exists(os.path.join(meta_dir(cache_dir), "data.mdb"))
 
 
-def attach(cfg, cold, *, force: bool = False, allow_recover: bool = True):
+def attach(cfg, cold, *, force: bool = False, allow_recover: bool = True, state=None):
     """Returns (meta store, superblock, lease, notes for the user)."""
     notes = []
     sb = read_superblock(cold)
@@ -76,19 +76,19 @@ def attach(cfg, cold, *, force: bool = False, allow_recover: bool = True):
             raise UserError(f"cache dir {cfg.cache_dir} belongs to filesystem {local.fs_id}, "
                             f"which is not at {cold.describe()}: use the right URL or a new "
                             f"cache dir")
-    lease = Lease(cold, cfg.cache_dir, getattr(cfg, "mountpoint", ""))
+    lease = Lease(cold, cfg.cache_dir, getattr(cfg, "mountpoint", ""), state=state)
     took = lease.acquire(force)
     if took:
         notes.append(took)
     try:
-        meta, more = _attach_metadata(cfg, cold, sb, allow_recover)
+        meta, more = _attach_metadata(cfg, cold, sb, allow_recover, lease)
     except BaseException:
-        lease.release()  # a refused mount must not keep others out for a lease's lifetime
+        lease.abandon()  # a refused mount must not keep others out, nor pose as the writer
         raise
     return meta, meta.superblock(), lease, notes + more
 
 
-def _attach_metadata(cfg, cold, sb, allow_recover: bool):
+def _attach_metadata(cfg, cold, sb, allow_recover: bool, lease: Lease):
     """Create, recover or open the cache dir's metadata. Returns (store, notes)."""
     if sb is None:
         sb = Superblock(fs_id=str(uuid.uuid4()), extent_size=cfg.extent_size,
@@ -112,4 +112,10 @@ def _attach_metadata(cfg, cold, sb, allow_recover: bool):
         raise UserError(f"cache dir {cfg.cache_dir} belongs to filesystem "
                         f"{local.fs_id if local else '(none)'}, not to {sb.fs_id} at "
                         f"{cold.describe()}: use the matching cache dir")
+    if lease.last_writer_elsewhere():
+        meta.close()
+        raise UserError(
+            f"cache dir {cfg.cache_dir} holds older metadata of this filesystem: "
+            f"{Lease.describe(lease.previous)} has written it since; move the cache dir "
+            f"away (or use an empty --cache-dir) to mount from the bucket's newest checkpoint")
     return meta, []

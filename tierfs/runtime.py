@@ -11,7 +11,7 @@ import signal
 import pyfuse3
 import trio
 
-from . import registry
+from . import exit_report, registry
 from .config import MountConfig
 from .errors import ColdStoreError, UserError
 from .filesystem import attach, open_cold
@@ -24,7 +24,8 @@ from .tier.checkpoint import Checkpointer
 from .tier.engine import Engine
 from .tier.gc import GarbageCollector
 from .tier.hinted import HintQueue
-from .tier.space import Space
+from .tier.space import Space, check_cache_size
+from .tier.state import NodeState
 from .tier.stats import Stats
 from .tier.uploader import Uploader
 
@@ -71,6 +72,7 @@ class Daemon:
         self.cfg.cache_dir = os.path.abspath(cfg.cache_dir)
         self.notes: list[str] = []
         self.stats = Stats()
+        self.state = NodeState()
         self._lock_fd = None
         self.meta = None
         self.engine = None
@@ -89,12 +91,14 @@ class Daemon:
         self.notes += check_mountpoint(cfg.mountpoint)
         self._lock_fd = lock_cache_dir(cfg.cache_dir)
         self.cold = open_cold(cfg, self.stats)
-        self.meta, self.sb, self.lease, notes = attach(cfg, self.cold, force=cfg.force)
+        self.meta, self.sb, self.lease, notes = attach(cfg, self.cold, force=cfg.force,
+                                                       state=self.state)
         self.notes += notes
         if self.meta.abandon_intents():
             log.info("uploads interrupted by the last shutdown were queued for cleanup")
         self.hot = HotStore(os.path.join(cfg.cache_dir, "hot"))
-        self.engine = Engine(self.meta, self.hot, self.cold, self.sb.extent_size, self.stats)
+        self.engine = Engine(self.meta, self.hot, self.cold, self.sb.extent_size, self.stats,
+                             cold_timeout=cfg.cold_timeout, state=self.state)
         self.engine.kernel_times = cfg.writeback_cache
         for problem in self.engine.load_index():
             log.error("hot tier check: %s", problem)
@@ -102,12 +106,13 @@ class Daemon:
             if self.meta.purge_orphan(ino):
                 self.engine.drop_inode(ino)
         self.space = Space(self.engine, cache_size=cfg.cache_size, min_free=cfg.min_free,
-                           policy=cfg.cache_policy)
+                           policy=cfg.cache_policy, wait_limit=cfg.write_wait)
+        check_cache_size(self.space.high, self.sb.extent_size)
         self.engine.space = self.space
         self.uploader = Uploader(self.engine, self.space, delay=cfg.upload_delay,
                                  parallel=cfg.upload_parallel)
         self.gc = GarbageCollector(self.engine)
-        self.uploader.paused = self.gc.paused = lambda: self.lease.fenced
+        self.uploader.paused = self.gc.paused = lambda: self.state.fenced
         self.checkpointer = Checkpointer(self.engine, cfg.cache_dir,
                                          interval=cfg.checkpoint_interval,
                                          keep=cfg.checkpoint_keep)
@@ -122,7 +127,7 @@ class Daemon:
                 raise UserError(f"cannot serve metrics on {cfg.metrics_addr}:{cfg.metrics_port} "
                                 f"({e.strerror}): choose another --metrics-port") from None
         self.ops = Operations(self.meta, self.engine, timeout=cfg.attr_timeout,
-                              control=self.control)
+                              control=self.control, state=self.state)
         self.ops.enable_writeback_cache = cfg.writeback_cache
         self.ops.xattrs = cfg.xattr
 
@@ -179,7 +184,8 @@ class Daemon:
         """After the kernel let go: make local state durable, then try to upload
         what is dirty for a bounded time (the rest uploads on the next mount)."""
         await self.engine.sync_all()
-        if self.lease.fenced:
+        if self.state.fenced:
+            self._write_exit_report()
             return
         if self.engine.index.dirty:
             log.info("uploading %d dirty extents before exit", len(self.engine.index.dirty))
@@ -197,6 +203,15 @@ class Daemon:
         if self.engine.index.dirty:
             log.warning("%d extents still dirty at exit; they upload on the next mount",
                         len(self.engine.index.dirty))
+        self._write_exit_report()
+
+    def _write_exit_report(self) -> None:
+        """What `tierfs umount` tells the user once this daemon is gone."""
+        index = self.engine.index
+        report = {"pid": os.getpid(), "dirty_bytes": index.dirty_bytes,
+                  "dirty_extents": len(index.dirty), "fenced_by": self.state.fenced_by,
+                  "cold": self.cold.describe()}
+        exit_report.write(self.cfg.cache_dir, report)
 
     async def _announce_ready(self, on_ready) -> None:
         # The mount answers only once pyfuse3.main runs; stat it from a thread.

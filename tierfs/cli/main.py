@@ -9,7 +9,7 @@ import sys
 from .. import __version__
 from ..config import OPTIONS, MountConfig, build_config, default, format_size
 from ..mountpoint import DEAD_MOUNT
-from ..errors import UserError
+from ..errors import EXIT_NOT_IN_BUCKET, NotInBucket, UserError
 from . import offline, tiering
 
 
@@ -76,17 +76,24 @@ def cmd_status(args) -> int:
     req = {"ino": st.st_ino} if _stat.S_ISREG(st.st_mode) else {}
     out = call(path, "status", **req)
     out.pop("ok", None)
+    fenced = out.get("fenced_by")
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=True))
-        return 0
+        return EXIT_NOT_IN_BUCKET if fenced else 0
     print(f"mount        {out['mountpoint']}  ->  {out['cold']}")
+    if fenced:
+        print(f"FENCED       {fenced} took the filesystem over: this mount is read-only and "
+              f"uploads nothing; unmount it")
     print(f"hot          {format_size(out['hot_bytes'])} in {out['hot_extents']} extents")
     print(f"cold only    {format_size(out['cold_bytes'])} (in the bucket, not on the hot tier)")
     print(f"dirty        {format_size(out['dirty_bytes'])} in {out['dirty_extents']} extents")
     print(f"pinned       {format_size(out['pinned_bytes'])}")
     print(f"cache        limit {format_size(out['cache_limit'])}, policy {out['cache_policy']}")
     print(f"uploads      backlog {format_size(out['upload_backlog_bytes'])}, oldest "
-          f"{out['upload_backlog_age_s']:.1f}s, in flight {out['uploads_in_flight']}")
+          f"{out['upload_backlog_age_s']:.1f}s, extents uploading now {out['uploads_in_flight']}"
+          + (f", failing: {out['upload_error']}" if out.get("upload_error") else ""))
+    print(f"bucket gc    {out['gc_backlog_objects']} superseded objects "
+          f"({format_size(out['gc_backlog_bytes'])}) waiting for deletion")
     hit = out["hit_rate"]
     print(f"hit rate     {'-' if hit is None else f'{hit * 100:.1f}%'} of bytes read")
     c = out["counters"]
@@ -107,7 +114,7 @@ def cmd_status(args) -> int:
         for first, last, state in _runs(f["extents"]):
             span = f"{first}" if first == last else f"{first}-{last}"
             print(f"  extents {span:<13} {state}")
-    return 0
+    return EXIT_NOT_IN_BUCKET if fenced else 0
 
 
 def _runs(extents: list[dict]):
@@ -143,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
             return offline.COMMANDS[args.command](args)
         if args.command in tiering.COMMANDS:
             return tiering.COMMANDS[args.command](args)
+    except NotInBucket as e:
+        print(f"tierfs: {e}", file=sys.stderr)
+        return EXIT_NOT_IN_BUCKET
     except UserError as e:
         print(f"tierfs: {e}", file=sys.stderr)
         return 1

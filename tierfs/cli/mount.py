@@ -8,8 +8,9 @@ import subprocess
 import sys
 import time
 
-from ..config import MountConfig
-from ..errors import UserError
+from .. import exit_report
+from ..config import MountConfig, format_size
+from ..errors import NotInBucket, UserError
 from ..mountpoint import mounts, unmount_lazy
 from ..client import daemon_info
 
@@ -128,7 +129,8 @@ def umount(mountpoint: str, timeout: float = 3600.0) -> int:
     if fstype != "fuse.tierfs":
         raise UserError(f"{mp} is a {fstype} mount, not tierfs")
     try:
-        pid = daemon_info(mp)["pid"]
+        info = daemon_info(mp)
+        pid = info["pid"]
     except UserError:
         unmount_lazy(mp)  # the daemon is dead: only the stale mount is left
         print(f"removed the stale mount at {mp} (its daemon had died)")
@@ -145,5 +147,15 @@ def umount(mountpoint: str, timeout: float = 3600.0) -> int:
             raise UserError(f"daemon {pid} is still flushing after {timeout:.0f}s; it keeps "
                             f"running in the background (see tierfs.log in its cache dir)")
         time.sleep(0.05)
+    report = exit_report.read(info["cache_dir"], pid) or {}
+    if report.get("fenced_by"):
+        raise NotInBucket(f"unmounted {mp}, but it had been fenced: {report['fenced_by']} took "
+                          f"the filesystem over, and what was written here after that "
+                          f"({format_size(report['dirty_bytes'])} not uploaded) is not in "
+                          f"the bucket")
+    if report.get("dirty_bytes"):
+        raise NotInBucket(f"unmounted {mp}, but {format_size(report['dirty_bytes'])} in "
+                          f"{report['dirty_extents']} extents is not in the bucket yet: it is "
+                          f"safe in the cache dir and uploads on the next mount of it")
     print(f"unmounted {mp}")
     return 0

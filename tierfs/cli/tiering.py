@@ -8,8 +8,8 @@ import sys
 import time
 
 from ..config import format_size
-from ..errors import UserError
-from ..client import call
+from ..errors import NotInBucket, UserError
+from ..client import call, request
 
 
 def collect_files(paths: list[str], recursive: bool) -> list[tuple[str, int, int]]:
@@ -143,13 +143,44 @@ def cmd_sync(args) -> int:
         inos = [ino for _p, ino, _s in collect_files([path], True)] if stat.S_ISDIR(st.st_mode) \
             else [st.st_ino]
     t0 = time.monotonic()
-    out = call(path, "sync", inos=inos, wait=args.wait)
+    if args.wait:
+        out = _sync_wait(path, inos, args.timeout)
+    else:
+        out = call(path, "sync", inos=inos, wait=False)
     if args.wait:
         print(f"synced {path}: everything is in the bucket ({format_size(out['dirty_bytes_before'])} "
               f"was dirty, {time.monotonic() - t0:.1f}s)")
     else:
         print(f"sync of {path} started: {format_size(out['dirty_bytes_before'])} dirty")
     return 0
+
+
+def _sync_wait(path: str, inos, timeout: float) -> dict:
+    """sync --wait: show what is still on its way to the bucket (a refreshed line on a
+    terminal; elsewhere one line when the bucket fails), and its final answer."""
+    tty = sys.stderr.isatty()
+    told_error = False
+    last = None
+    for last in request(path, "sync", inos=inos, wait=True, timeout=timeout):
+        if not last.get("progress"):
+            break
+        error = last.get("upload_error")
+        if tty:
+            sys.stderr.write(f"\rwaiting for {format_size(last['dirty_bytes'])} to reach the "
+                             f"bucket ({last['uploads_in_flight']} uploads in flight)"
+                             + (f"; bucket failing: {error}" if error else "") + "   ")
+            sys.stderr.flush()
+        elif error and not told_error:
+            told_error = True
+            print(f"tierfs: waiting for {format_size(last['dirty_bytes'])} to reach the bucket, "
+                  f"which fails: {error}", file=sys.stderr)
+    if tty:
+        sys.stderr.write("\n")
+    if last is None:
+        raise UserError("the tierfs daemon closed the connection without answering")
+    if not last.get("ok"):
+        raise NotInBucket(f"sync failed: {last.get('error', 'unknown error')}")
+    return last
 
 
 def add_parsers(sub) -> None:
@@ -167,6 +198,8 @@ def add_parsers(sub) -> None:
                        "in the bucket: the durability signal for checkpoints.")
     p.add_argument("path", metavar="PATH", nargs="?", default=".")
     p.add_argument("--wait", action="store_true", help="wait until the data is in the bucket")
+    p.add_argument("--timeout", type=float, default=3600.0, metavar="SECONDS",
+                   help="with --wait: give up after this long, exit status 3 (default: 3600)")
     p = sub.add_parser("scrub", help="verify checksums of hot copies and bucket objects",
                        description="Re-read every clean extent under PATH (default: the "
                        "current directory), hot copy and bucket object, and verify checksums. "

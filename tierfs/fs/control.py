@@ -82,10 +82,16 @@ class Control:
         st = self.engine.stats.snapshot()
         hot_b, cold_b = st.get("hot_read_bytes", 0), st.get("miss_read_bytes", 0)
         oldest = min((i.last_write for i in index.dirty.values()), default=None)
-        cold_bytes = await self.scan_in_thread(
-            lambda: sum(x.obj_len for _i, _x, x in scan.extents(self.meta) if not x.hot))
+        def bucket_scan():
+            cold = sum(x.obj_len for _i, _x, x in scan.extents(self.meta) if not x.hot)
+            return cold, self.meta.gc_backlog()
+
+        cold_bytes, (gc_objects, gc_bytes) = await self.scan_in_thread(bucket_scan)
         out = {"mountpoint": d.cfg.mountpoint, "pid": os.getpid(), "cold": d.cold.describe(),
-               "cold_bytes": cold_bytes,
+               "cold_bytes": cold_bytes, "fenced_by": d.state.fenced_by,
+               # Superseded objects not deleted yet: kept checkpoints may need them.
+               "gc_backlog_objects": gc_objects, "gc_backlog_bytes": gc_bytes,
+               "upload_error": d.uploader.last_error,
                "cache_dir": d.cfg.cache_dir, "extent_size": self.engine.E,
                "hot_bytes": index.total, "dirty_bytes": index.dirty_bytes,
                "hot_extents": len(index.sizes), "dirty_extents": len(index.dirty),
@@ -116,14 +122,50 @@ class Control:
         before = self.engine.index.dirty_bytes
         await self.engine.sync_all()
         if req.get("wait"):
-            await self.daemon.uploader.flush(inos)
-            await self.daemon.checkpointer.checkpoint()  # the namespace too
+            timeout = float(req.get("timeout") or 0) or float("inf")
+            with trio.move_on_after(timeout) as scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._sync_progress, inos, reply)
+                    await self._check_lease()
+                    await self.daemon.uploader.flush(inos)
+                    await self.daemon.checkpointer.checkpoint()  # the namespace too
+                    await self._check_lease()  # nobody took over while we uploaded
+                    nursery.cancel_scope.cancel()
+            if scope.cancelled_caught:
+                left = self._dirty(inos)
+                why = self.daemon.uploader.last_error
+                raise TierfsError(f"timed out after {timeout:.0f}s: {left} bytes are not in the "
+                                  f"bucket yet" + (f" (last bucket error: {why})" if why else "")
+                                  + "; they keep uploading")
         else:
             self.daemon.uploader.urgent = (self.daemon.uploader.urgent or set()) | (inos or set())
             if inos is None:
                 self.daemon.space.need_upload.set()
             self.daemon.uploader.kick()
         return {"dirty_bytes_before": before, "dirty_bytes": self.engine.index.dirty_bytes}
+
+    def _dirty(self, inos) -> int:
+        index = self.engine.index
+        return sum(index.sizes.get(k, 0) for k in index.dirty if inos is None or k[0] in inos)
+
+    async def _check_lease(self) -> None:
+        """A durability answer needs the filesystem to be ours: read the lease now."""
+        lease = self.daemon.lease
+        if not await trio.to_thread.run_sync(lease.still_mine, abandon_on_cancel=True):
+            raise TierfsError(self.fenced_message())
+
+    def fenced_message(self) -> str:
+        return (f"this mount was fenced: {self.daemon.state.fenced_by} took the filesystem "
+                f"over, and nothing written here since reaches the bucket; unmount it")
+
+    async def _sync_progress(self, inos, reply) -> None:
+        """Tell the waiting client what it waits for, once a second."""
+        uploader = self.daemon.uploader
+        while True:
+            await trio.sleep(1.0)
+            await reply({"progress": True, "dirty_bytes": self._dirty(inos),
+                         "uploads_in_flight": len(uploader.in_flight),
+                         "upload_error": uploader.last_error})
 
     async def cmd_prefetch(self, req, reply):
         return await actions.prefetch(self.engine, int(req["ino"]), int(req.get("parallel", 8)))

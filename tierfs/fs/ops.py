@@ -76,10 +76,11 @@ class Operations(pyfuse3.Operations):
     xattrs = True
 
     def __init__(self, meta: MetaStore, engine: Engine, *, timeout: float = 60.0,
-                 control=None):
+                 control=None, state=None):
         super().__init__()
         self.meta = meta
         self.engine = engine
+        self.state = state or engine.state  # fenced: every change is refused (EROFS)
         self.timeout = timeout
         self.control = control  # answers the user.tierfs.* virtual xattrs
         self.stats = engine.stats
@@ -167,6 +168,7 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def setattr(self, inode, attr, fields, fh, ctx):
+        self.state.check_writable()
         if fields.update_size:
             node = self.meta.get_inode(inode)
             if stat.S_ISDIR(node.mode):
@@ -206,6 +208,7 @@ class Operations(pyfuse3.Operations):
 
     # ---- namespace --------------------------------------------------------------------
     def _create(self, parent, name, mode, ctx, rdev=0, target=None):
+        self.state.check_writable()
         node = self.meta.create_node(parent, name, mode, ctx.uid, ctx.gid, rdev, target)
         self._looked_up(node.ino)
         return node
@@ -227,20 +230,24 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def link(self, inode, new_parent_inode, new_name, ctx):
+        self.state.check_writable()
         node = self.meta.link(inode, new_parent_inode, new_name)
         self._looked_up(inode)
         return self._entry(node)
 
     @_guard
     async def unlink(self, parent_inode, name, ctx):
+        self.state.check_writable()
         self._after_unlink(*self.meta.unlink(parent_inode, name, self._in_use))
 
     @_guard
     async def rmdir(self, parent_inode, name, ctx):
+        self.state.check_writable()
         self._after_unlink(*self.meta.rmdir(parent_inode, name, self._in_use))
 
     @_guard
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
+        self.state.check_writable()
         self._after_unlink(*self.meta.rename(
             parent_inode_old, name_old, parent_inode_new, name_new, flags, self._in_use,
             pyfuse3.RENAME_NOREPLACE, pyfuse3.RENAME_EXCHANGE))
@@ -251,6 +258,7 @@ class Operations(pyfuse3.Operations):
         # The kernel sends directories to opendir, so a plain open needs no
         # metadata read: this is the hottest request of small-file workloads.
         if flags & os.O_TRUNC:
+            self.state.check_writable()
             node = self.meta.get_inode(inode)
             # The kernel leaves O_TRUNC to us (atomic_o_trunc), so do what a
             # truncate() through setattr does: new mtime/ctime even if the file
@@ -289,6 +297,7 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def fsync(self, fh, datasync):
+        self.state.check_durable()
         await self.engine.fsync(self.handles[fh].ino)
 
     async def release(self, fh):
@@ -342,6 +351,7 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def fsyncdir(self, fh, datasync):
+        self.state.check_durable()
         await trio.to_thread.run_sync(self.meta.sync)
 
     @_guard
@@ -369,6 +379,7 @@ class Operations(pyfuse3.Operations):
         self._check_xattrs()
         if name.startswith(b"user.tierfs."):
             raise FsError(errno.EPERM)
+        self.state.check_writable()
         self.meta.set_xattr(inode, name, value)
         if name == CAPABILITY_XATTR:
             self.capabilities_exist = True
@@ -397,4 +408,5 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def removexattr(self, inode, name, ctx):
         self._check_xattrs()
+        self.state.check_writable()
         self.meta.remove_xattr(inode, name)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import itertools
 import os
 import resource
 
@@ -24,6 +25,7 @@ class HotStore:
         os.makedirs(root, exist_ok=True)
         self._fds: collections.OrderedDict[tuple[int, int], int] = collections.OrderedDict()
         self._max_open = max_open
+        self._temp_ids = itertools.count()
         self.nowait = True  # the filesystem supports RWF_NOWAIT reads (until it says no)
 
     def path(self, ino: int, idx: int) -> str:
@@ -122,14 +124,29 @@ class HotStore:
             return None
 
     # ---- blocking helpers: run these in worker threads --------------------------
-    def store_whole(self, ino: int, idx: int, data: bytes) -> None:
-        """Atomically install a complete extent (temp file + rename)."""
+    def write_temp(self, ino: int, idx: int, data: bytes) -> str:
+        """Write a complete extent to a temp file beside its place (blocking);
+        install_temp() or discard_temp() it afterwards. Temp files never collide:
+        two fetches of one extent may overlap (one for a stale record)."""
         path = self.path(ino, idx)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp{os.getpid()}"
+        tmp = f"{path}.tmp{os.getpid()}-{next(self._temp_ids)}"
         with open(tmp, "wb") as f:
             f.write(data)
-        os.replace(tmp, path)
+        return tmp
+
+    def install_temp(self, tmp: str, ino: int, idx: int) -> None:
+        """Rename a temp file into place (a metadata operation: fast enough inline)
+        and drop the cached fd of whatever was there."""
+        os.replace(tmp, self.path(ino, idx))
+        self._forget_fd(ino, idx)
+
+    @staticmethod
+    def discard_temp(tmp: str) -> None:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
 
     def read_whole(self, ino: int, idx: int, length: int) -> bytes:
         with open(self.path(ino, idx), "rb") as f:
@@ -148,7 +165,7 @@ class HotStore:
             os.close(fd)
 
     def scan(self):
-        """(ino, idx, size) of every extent file on disk; removes stray temp files."""
+        """(ino, idx, size, mtime) of every extent file on disk; removes stray temp files."""
         for sub in os.scandir(self.root):
             if not sub.is_dir():
                 continue
@@ -159,7 +176,8 @@ class HotStore:
                     continue
                 try:
                     ino_s, idx_s = name.split(".")
-                    yield int(ino_s, 16), int(idx_s, 16), entry.stat().st_size
+                    st = entry.stat()
+                    yield int(ino_s, 16), int(idx_s, 16), st.st_size, st.st_mtime
                 except ValueError:
                     continue
 

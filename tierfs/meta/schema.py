@@ -16,8 +16,9 @@ record version, so a later format can still read older records.
   X    b'X' ino:u64 name                     xattr value bytes
   E    b'E' ino:u64 index:u64                Extent (state bits, length, xxh3, object ref)
   O    b'O' ino:u64                          b'' : inode unlinked while open, purge at mount
-  G    b'G' object id:u64                    epoch:u64 : object to delete from the bucket once
-                                             every kept checkpoint is newer than `epoch`
+  G    b'G' object id:u64                    epoch:u64 [bytes:u64] : object to delete from the
+                                             bucket once every kept checkpoint is newer than
+                                             `epoch` (0: at once); its size when known
   U    b'U' object id:u64                    b'' : upload in flight (gc'd if the daemon dies)
 
 Directory cookies 1 and 2 are '.' and '..'; entries start at 3.

@@ -60,6 +60,11 @@ class MetaStore:
         with self.env.begin() as txn:
             raw = txn.get(s.counter_key(b"epoch"))
         self.epoch = s.read_u64(raw) if raw else 0  # last checkpoint sequence begun
+        # Objects first referenced in this epoch after its checkpoint copy was taken:
+        # no checkpoint can hold them, so once dropped they may go at once. In memory
+        # only: after a restart every object waits for the checkpoints (safe side).
+        self._fresh: set[int] = set()
+        self.copying = False  # a checkpoint copy is being taken: nothing is fresh
 
     # ---- lifecycle ------------------------------------------------------------
     def close(self) -> None:
@@ -115,6 +120,13 @@ class MetaStore:
             txn.put(s.intent_key(obj_id), b"")
             return obj_id
 
+    @_grows_when_full
+    def raise_counter(self, name: bytes, at_least: int) -> None:
+        with self._write() as txn:
+            raw = txn.get(s.counter_key(name))
+            if raw is None or s.read_u64(raw) < at_least:
+                txn.put(s.counter_key(name), s.u64(at_least))
+
     def peek_counter(self, name: bytes) -> int:
         with self._read() as txn:
             raw = txn.get(s.counter_key(name))
@@ -126,7 +138,17 @@ class MetaStore:
         with self._write() as txn:
             self.epoch += 1
             txn.put(s.counter_key(b"epoch"), s.u64(self.epoch))
+        self._fresh.clear()
         return self.epoch
+
+    def _drop_object(self, txn, obj, referenced: bool = True) -> None:
+        """Queue an object for deletion: `obj` is an id or (id, bytes). One that no
+        checkpoint can reference (never referenced, or fresh) may go at once (epoch 0
+        is older than every checkpoint); others wait for the checkpoints of this epoch."""
+        obj_id, size = obj if isinstance(obj, tuple) else (obj, 0)
+        now = not referenced or obj_id in self._fresh
+        self._fresh.discard(obj_id)
+        txn.put(s.gc_key(obj_id), s.u64(0 if now else self.epoch) + s.u64(size))
 
     # ---- inodes ---------------------------------------------------------------
     def get_inode(self, ino: int) -> Inode:
@@ -442,7 +464,7 @@ class MetaStore:
                     if prefix[0:1] == b"E":
                         ext = Extent.decode(val)
                         if ext.obj_id:
-                            txn.put(s.gc_key(ext.obj_id), s.u64(self.epoch))
+                            self._drop_object(txn, (ext.obj_id, ext.obj_len))
             for key in keys:
                 txn.delete(key)
 
@@ -538,9 +560,12 @@ class MetaStore:
 
     @_grows_when_full
     def update(self, inode: Inode | None, extents: dict[tuple[int, int], Extent | None] = {},
-               gc_objects: Iterable[int] = (), uploaded: Iterable[int] = ()) -> None:
-        """Write an inode and extent records (None deletes), queue objects for gc and
-        close upload intents, all in one transaction."""
+               gc_objects: Iterable[int | tuple[int, int]] = (), uploaded: Iterable[int] = (),
+               unreferenced: Iterable[int] = ()) -> None:
+        """In one transaction: write an inode and extent records (None deletes), queue
+        objects whose reference was dropped for gc (ids, or (id, bytes)), close the
+        upload intents of objects now referenced (`uploaded`), and of objects nothing
+        ever referenced (`unreferenced`: a failed or superseded upload, deleted at once)."""
         with self._write() as txn:
             if inode is not None:
                 txn.put(s.inode_key(inode.ino), inode.encode())
@@ -550,9 +575,14 @@ class MetaStore:
                 else:
                     txn.put(s.extent_key(ino, idx), ext.encode())
             for obj in gc_objects:
-                txn.put(s.gc_key(obj), s.u64(self.epoch))
+                self._drop_object(txn, obj)
             for obj in uploaded:
                 txn.delete(s.intent_key(obj))
+                if not self.copying:
+                    self._fresh.add(obj)
+            for obj in unreferenced:
+                txn.delete(s.intent_key(obj))
+                self._drop_object(txn, obj, referenced=False)
 
     @_grows_when_full
     def put_extent_if(self, ino: int, idx: int, expect: Extent, new: Extent) -> bool:
@@ -576,6 +606,20 @@ class MetaStore:
                     out.append((s.read_u64(key, 1), s.read_u64(val) if val else 0))
         return out
 
+    def gc_backlog(self) -> tuple[int, int]:
+        """(objects, bytes known) waiting in the gc table (a full scan: use a thread)."""
+        count = size = 0
+        with self._read() as txn:
+            cur = txn.cursor()
+            if cur.set_range(b"G"):
+                for key, val in cur:
+                    if key[:1] != b"G":
+                        break
+                    count += 1
+                    if len(val) >= 16:
+                        size += s.read_u64(val, 8)
+        return count, size
+
     def upload_intents(self) -> list[int]:
         return [s.read_u64(k, 1) for k in self._keys(b"U")]
 
@@ -584,7 +628,7 @@ class MetaStore:
         """Uploads that never finished (daemon died): their objects, if any, go to gc."""
         ids = self.upload_intents()
         if ids:
-            self.update(None, {}, ids, ids)
+            self.update(None, {}, unreferenced=ids)
         return len(ids)
 
     @_grows_when_full

@@ -47,9 +47,7 @@ def release(engine, ino: int) -> dict:
             continue
         batch[(ino, idx)] = replace(ext, flags=ext.flags & ~HOT)
         out["released"] += engine.index.sizes.get((ino, idx), 0)
-        engine.hot.remove(ino, idx)
-        engine.index.remove((ino, idx))
-        engine.verified.discard((ino, idx))
+        engine.forget_hot(ino, idx)
     if batch:
         engine.meta.update(None, batch)
     return out

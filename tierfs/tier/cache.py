@@ -6,16 +6,24 @@ Pure bookkeeping, no I/O: the engine keeps it in step with the metadata.
 from __future__ import annotations
 
 import collections
+import itertools
 import time
 from dataclasses import dataclass
 
 Key = tuple[int, int]  # (ino, extent index)
 
 
+# Write generations come from one counter for the whole index and are never
+# reused: an extent removed (truncate) and written again gets a new generation,
+# so an upload that read the old content can never mark the new content clean.
+_generations = itertools.count(1)
+
+
 @dataclass(slots=True)
 class DirtyInfo:
-    gen: int          # bumped on every write; an upload only cleans the gen it read
+    gen: int          # set anew on every write; an upload only cleans the gen it read
     last_write: float  # monotonic seconds
+    found: bool = False  # dirty when the daemon started: its writer is gone, upload now
 
 
 class HotIndex:
@@ -29,7 +37,10 @@ class HotIndex:
         self.total = 0
         self.dirty_bytes = 0
 
-    def add(self, key: Key, size: int, *, dirty: bool, pinned: bool = False) -> None:
+    def add(self, key: Key, size: int, *, dirty: bool, pinned: bool = False,
+            last_write: float | None = None) -> None:
+        """An extent file exists (mount, fetch). A dirty one found at mount gets
+        `last_write` (monotonic) from its file's age, so it uploads on time."""
         self.remove(key)
         self.sizes[key] = size
         self.by_ino.setdefault(key[0], set()).add(key[1])
@@ -37,7 +48,8 @@ class HotIndex:
         if pinned:
             self.pinned.add(key)
         if dirty:
-            self.dirty[key] = DirtyInfo(1, 0.0)
+            when = time.monotonic() if last_write is None else last_write
+            self.dirty[key] = DirtyInfo(next(_generations), when, found=last_write is not None)
             self.dirty_bytes += size
         elif not pinned:
             self.lru[key] = None
@@ -86,8 +98,9 @@ class HotIndex:
                 self.dirty[key] = DirtyInfo(0, 0.0)
                 self.dirty_bytes += self.sizes[key]
         info = self.dirty[key]
-        info.gen += 1
+        info.gen = next(_generations)
         info.last_write = time.monotonic()
+        info.found = False
 
     def cleaned(self, key: Key, gen: int) -> bool:
         """An upload of generation `gen` finished; clean unless written since."""

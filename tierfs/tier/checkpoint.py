@@ -102,6 +102,8 @@ class Checkpointer:
     async def checkpoint(self) -> int:
         async with self._lock:
             engine = self.engine
+            # Objects referenced from here until the copy is taken may be in it.
+            engine.meta.copying = True
             seq = engine.meta.begin_epoch()
             t0 = time.monotonic()
             engine.meta.thread_readers += 1  # the map must not grow under the copy
@@ -110,6 +112,7 @@ class Checkpointer:
                                                    limiter=engine.io_limiter)
             finally:
                 engine.meta.thread_readers -= 1
+                engine.meta.copying = False
             blob = await trio.to_thread.run_sync(pack, seq, db)
             await trio.to_thread.run_sync(engine.cold.put, checkpoint_name(seq), blob,
                                           limiter=engine.s3_limiter)

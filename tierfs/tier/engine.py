@@ -16,12 +16,13 @@ from functools import partial
 
 import trio
 
-from ..checksum import xxh3
+from ..checksum import hot_copy_matches, object_matches
 from ..errors import ChecksumMismatch, ColdStoreError, FsError, ObjectNotFound
 from ..hot import HotStore
 from ..meta import MetaStore, scan
 from ..meta.schema import DIRTY, HOT, Extent, object_name
 from .cache import HotIndex, Key
+from .state import NodeState
 from .stats import Stats
 
 log = logging.getLogger(__name__)
@@ -46,12 +47,15 @@ def kill_suid(mode: int) -> int:
 
 class Engine:
     def __init__(self, meta: MetaStore, hot: HotStore, cold, extent_size: int,
-                 stats: Stats | None = None, s3_threads: int = 32, io_threads: int = 8):
+                 stats: Stats | None = None, s3_threads: int = 32, io_threads: int = 8,
+                 *, cold_timeout: float = 30.0, state: NodeState | None = None):
         self.meta = meta
         self.hot = hot
         self.cold = cold
         self.E = extent_size
         self.stats = stats or Stats()
+        self.state = state or NodeState()
+        self.cold_timeout = cold_timeout  # no reader waits longer for the bucket
         self.index = HotIndex()
         self.s3_limiter = trio.CapacityLimiter(s3_threads)
         self.io_limiter = trio.CapacityLimiter(io_threads)
@@ -78,11 +82,12 @@ class Engine:
         """Rebuild the in-memory hot index from metadata and the hot directory.
         Returns human-readable problems found (missing or stray hot files)."""
         problems = []
-        on_disk = {(ino, idx): size for ino, idx, size in self.hot.scan()}
+        on_disk = {(ino, idx): (size, mtime) for ino, idx, size, mtime in self.hot.scan()}
         fixes: dict[Key, Extent | None] = {}
+        now_mono, now_wall = time.monotonic(), time.time()
         for ino, idx, ext in scan.extents(self.meta):
             key = (ino, idx)
-            size = on_disk.pop(key, None)
+            size, mtime = on_disk.pop(key, (None, 0.0))
             if ext.hot and size is None:
                 if ext.dirty:
                     # Keep the record: reads of it fail with EIO instead of zeros.
@@ -95,7 +100,10 @@ class Engine:
                 if size is not None:
                     self.hot.remove(ino, idx)
                 continue
-            self.index.add(key, size, dirty=ext.dirty, pinned=ext.pinned)
+            # A dirty extent is as old as its file's last write (the monotonic clock
+            # restarts at boot; the file's mtime does not).
+            self.index.add(key, size, dirty=ext.dirty, pinned=ext.pinned,
+                           last_write=now_mono - max(0.0, now_wall - mtime))
         for ino, idx in on_disk:
             self.hot.remove(ino, idx)
         if on_disk:
@@ -157,11 +165,6 @@ class Engine:
         self.stats.inc("hot_read_bytes", len(out))
         return True
 
-    @staticmethod
-    def _pad(chunk: bytes, n: int) -> bytes:
-        """Bytes past the end of an extent's data (holes) read as zeros."""
-        return chunk if len(chunk) >= n else bytes(chunk) + bytes(n - len(chunk))
-
     async def verify_hot_copy(self, ino: int, idx: int, ext: Extent) -> bool:
         """Check a clean hot extent against its recorded checksum (in a thread).
         A bad copy is dropped, so the next read fetches the good one."""
@@ -182,10 +185,7 @@ class Engine:
 
         def check() -> bool:
             data = self.hot.read_whole(ino, idx, ext.length + 1)
-            if len(data) > ext.length:
-                return False
-            # The object holds a hole at the extent's end as zeros; the file does not.
-            return xxh3(self._pad(data, ext.length)) == ext.checksum
+            return hot_copy_matches(data, ext.length, ext.checksum)
 
         try:
             ok = await trio.to_thread.run_sync(check, limiter=self.io_limiter)
@@ -201,10 +201,22 @@ class Engine:
         self.stats.inc("hot_checksum_errors")
         log.error("inode %d extent %d: hot copy is damaged; dropping it and refetching "
                   "from the bucket", ino, idx)
-        self.meta.update(None, {key: replace(ext, flags=ext.flags & ~HOT)})
+        self.drop_hot(ino, idx, ext)
+        return False
+
+    def forget_hot(self, ino: int, idx: int) -> None:
+        """The one rule for letting go of a hot copy: its file, its index entry,
+        its verified mark. The caller commits the record (cleared HOT or deleted),
+        possibly batched with others."""
+        key = (ino, idx)
         self.hot.remove(ino, idx)
         self.index.remove(key)
-        return False
+        self.verified.discard(key)
+
+    def drop_hot(self, ino: int, idx: int, ext: Extent) -> None:
+        """Drop the hot copy of a clean extent (it stays in the bucket)."""
+        self.forget_hot(ino, idx)
+        self.meta.update(None, {(ino, idx): replace(ext, flags=ext.flags & ~HOT)})
 
     def opened(self, ino: int) -> None:
         """A file was opened: start the disk read of its first MiB if it is hot, so the
@@ -255,9 +267,7 @@ class Engine:
         has it (the caller fetches it again), else EIO."""
         _node, exts = self.meta.get_extents(ino, idx, idx)
         ext = exts.get(idx)
-        self.index.remove((ino, idx))
-        self.hot.remove(ino, idx)
-        self.verified.discard((ino, idx))
+        self.forget_hot(ino, idx)
         if ext is None or not ext.hot:
             return
         if ext.dirty or not ext.obj_id:
@@ -303,21 +313,35 @@ class Engine:
                 else:
                     admitted = len(data)
             try:
-                await trio.to_thread.run_sync(self.hot.store_whole, ino, idx, data,
-                                              limiter=self.io_limiter)
+                tmp = await trio.to_thread.run_sync(self.hot.write_temp, ino, idx, data,
+                                                    limiter=self.io_limiter)
             finally:
                 if admitted:
                     self.space.release(admitted)
-            self.hot._forget_fd(ino, idx)
-            if self.meta.put_extent_if(ino, idx, ext, replace(ext, flags=ext.flags | HOT)):
-                self.index.add(key, len(data), dirty=False, pinned=ext.pinned)
-                self.verified.add(key)
-            else:
-                self.hot.remove(ino, idx)  # truncated or unlinked meanwhile
+            self._install(ino, idx, ext, tmp, len(data))
             return data
         finally:
             del self._fetching[key]
             pending.done.set()
+
+    def _install(self, ino: int, idx: int, fetched: Extent, tmp: str, size: int) -> None:
+        """Put a fetched copy in place, on the trio thread with no await between the
+        check and the rename: only if the record is still the one fetched and no
+        hot file appeared meanwhile (a write covering the whole extent, a truncate
+        and a rewrite). Otherwise the copy is stale and newer data must win."""
+        key = (ino, idx)
+        try:
+            _node, exts = self.meta.get_extents(ino, idx, idx)
+        except FsError:  # the inode was purged meanwhile
+            exts = {}
+        if exts.get(idx) != fetched or key in self.index.sizes:
+            self.hot.discard_temp(tmp)
+            self.stats.inc("fetch_superseded")
+            return
+        self.hot.install_temp(tmp, ino, idx)
+        self.meta.update(None, {key: replace(fetched, flags=fetched.flags | HOT)})
+        self.index.add(key, size, dirty=False, pinned=fetched.pinned)
+        self.verified.add(key)
 
     async def get_verified(self, ext: Extent) -> bytes:
         """Read an extent's object range and verify its xxh3 (in a worker thread)."""
@@ -325,13 +349,23 @@ class Engine:
 
         def get_and_check() -> bytes:
             data = self.cold.get(name, ext.obj_off, ext.obj_len)
-            if len(data) != ext.obj_len or xxh3(data) != ext.checksum:
+            if not object_matches(data, ext.obj_len, ext.checksum):
                 raise ChecksumMismatch(name)
             return data
 
         t0 = time.monotonic()
         try:
-            data = await trio.to_thread.run_sync(get_and_check, limiter=self.s3_limiter)
+            # The whole wait (a free S3 thread, retries, a bucket that never answers)
+            # fits in --cold-timeout; a thread still stuck then is left to its own
+            # socket timeout.
+            with trio.fail_after(self.cold_timeout):
+                data = await trio.to_thread.run_sync(get_and_check, limiter=self.s3_limiter,
+                                                     abandon_on_cancel=True)
+        except trio.TooSlowError:
+            self.stats.inc("cold_errors")
+            log.error("cold read of %s: the bucket did not answer within %.0fs "
+                      "(--cold-timeout): returning EIO", name, self.cold_timeout)
+            raise FsError(errno.EIO, "bucket timeout") from None
         except ChecksumMismatch:
             self.stats.inc("checksum_errors")
             log.error("checksum mismatch on object %s (%d bytes at %d): returning EIO",
@@ -361,6 +395,7 @@ class Engine:
     async def write(self, ino: int, off: int, data) -> int:
         E = self.E
         length = len(data)
+        self.state.check_writable()
         if length == 0:
             return 0
         end = off + length
@@ -371,6 +406,7 @@ class Engine:
             node, exts = await self._prepare_write(ino, off, end)
         finally:
             self.busy.difference_update(keys)
+        self.state.check_writable()  # fenced while this write waited: it must not land
         view = memoryview(data)
         changed = {}
         pos = off
@@ -429,6 +465,7 @@ class Engine:
         """Set a file's size; shrinking drops whole extents and cuts the last one."""
         E = self.E
         cut_idx = new_size // E
+        self.state.check_writable()
         while True:
             node, exts = self.meta.get_extents(ino, 0, (1 << 64) - 1)
             ext = exts.get(cut_idx)
@@ -436,6 +473,7 @@ class Engine:
                 await self.ensure_hot(ino, cut_idx)  # cut it in place on the hot tier
                 continue
             break
+        self.state.check_writable()
         changed: dict[Key, Extent | None] = {}
         gc = []
         if new_size < node.size:
@@ -444,9 +482,8 @@ class Engine:
                 if start >= new_size:
                     changed[(ino, idx)] = None
                     if ext.obj_id:
-                        gc.append(ext.obj_id)
-                    self.hot.remove(ino, idx)
-                    self.index.remove((ino, idx))
+                        gc.append((ext.obj_id, ext.obj_len))
+                    self.forget_hot(ino, idx)
                 elif start + E > new_size:
                     cut = new_size - start
                     if ext.hot:
@@ -484,8 +521,6 @@ class Engine:
     def drop_inode(self, ino: int) -> None:
         """The inode was purged from metadata: remove its hot files."""
         for idx in self.index.indices(ino):
-            self.hot.remove(ino, idx)
-            self.index.remove((ino, idx))
-            self.verified.discard((ino, idx))
+            self.forget_hot(ino, idx)
         self._streams.pop(ino, None)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import stat
 from dataclasses import dataclass, replace
 
-from ..checksum import xxh3
+from ..checksum import hot_copy_matches, object_matches
 from ..errors import ObjectNotFound
 from ..meta import scan
 from ..meta import schema as s
@@ -111,7 +111,7 @@ class Fsck:
     def hot_files(self) -> dict[int, set[int]]:
         if not hasattr(self, "_hot"):
             self._hot: dict[int, set[int]] = {}
-            for ino, idx, _size in self.hot.scan():
+            for ino, idx, _size, _mtime in self.hot.scan():
                 self._hot.setdefault(ino, set()).add(idx)
         return self._hot
 
@@ -190,8 +190,8 @@ class Fsck:
     def verify(self, ino: int, idx: int, ext, fixes) -> None:
         hot_ok = None
         if ext.hot:
-            data = self.hot.read_whole(ino, idx, ext.length)
-            hot_ok = len(data) == ext.length and xxh3(data) == ext.checksum
+            data = self.hot.read_whole(ino, idx, ext.length + 1)
+            hot_ok = hot_copy_matches(data, ext.length, ext.checksum)
             if not hot_ok:
                 self.found(f"inode {ino} extent {idx}: hot copy fails its checksum",
                            "dropped the hot copy")
@@ -200,7 +200,7 @@ class Fsck:
                     self.hot.remove(ino, idx)
         try:
             data = self.cold.get(object_name(ext.obj_id), ext.obj_off, ext.obj_len)
-            cold_ok = xxh3(data) == ext.checksum
+            cold_ok = object_matches(data, ext.obj_len, ext.checksum)
         except ObjectNotFound:
             cold_ok = False
         if not cold_ok:

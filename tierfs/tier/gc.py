@@ -25,7 +25,8 @@ class GarbageCollector:
     async def run(self) -> None:
         while True:
             await trio.sleep(self.interval)
-            await self.collect()
+            while await self.collect() >= self.batch:
+                pass  # a backlog (overwrites): keep deleting before sleeping again
 
     async def collect(self) -> int:
         meta, cold = self.engine.meta, self.engine.cold

@@ -4,7 +4,13 @@ The lease names its holder (node id, host, pid, cache dir, mount point) and an
 expiry time. A mount is refused while another node holds an unexpired lease;
 --force takes it over (for a node known to be dead). The same node (same cache
 dir) may always take its own lease back, e.g. after kill -9. A daemon whose
-lease was taken over stops uploading (it is fenced) and says so in its log.
+lease was taken over is fenced (NodeState): it refuses changes, uploads and
+deletes nothing, and says so. It notices at its next renewal (every ttl/3), and
+at once before `sync --wait` reports success.
+
+Unmounting leaves the lease in the bucket marked released, so the next mount
+knows which node wrote the filesystem last: a cache dir whose metadata another
+node has changed since is stale and must not be mounted (attach refuses it).
 """
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ import uuid
 import trio
 
 from ..errors import ColdStoreError, ObjectNotFound, UserError
+from .state import NodeState
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +45,27 @@ def node_id(cache_dir: str) -> str:
 
 
 class Lease:
-    def __init__(self, cold, cache_dir: str, mountpoint: str, ttl: float = 60.0):
+    def __init__(self, cold, cache_dir: str, mountpoint: str, ttl: float = 60.0,
+                 state: NodeState | None = None):
         self.cold = cold
         self.ttl = ttl
         self.me = {"node": node_id(cache_dir), "host": socket.gethostname(), "pid": os.getpid(),
                    "cache_dir": cache_dir, "mountpoint": mountpoint}
-        self.fenced = False
+        self.state = state or NodeState()
+        self.previous: dict | None = None  # the lease found at acquire (maybe released)
+
+    @property
+    def fenced(self) -> bool:
+        return self.state.fenced
+
+    @staticmethod
+    def describe(lease: dict) -> str:
+        return (f"{lease.get('host')} (pid {lease.get('pid')}, cache dir {lease.get('cache_dir')}, "
+                f"mount point {lease.get('mountpoint')})")
+
+    def last_writer_elsewhere(self) -> bool:
+        """Did another node hold the filesystem after this cache dir last did?"""
+        return bool(self.previous) and self.previous.get("node") != self.me["node"]
 
     def read(self) -> dict | None:
         try:
@@ -58,12 +80,11 @@ class Lease:
 
     def acquire(self, force: bool = False) -> str | None:
         """Take the lease (blocking). Returns a note if a lease was taken over."""
-        cur = self.read()
+        cur = self.previous = self.read()
         note = None
-        if cur and cur.get("node") != self.me["node"]:
+        if cur and cur.get("node") != self.me["node"] and not cur.get("released"):
             left = cur.get("expires", 0) - time.time()
-            holder = (f"{cur.get('host')} (pid {cur.get('pid')}, cache dir {cur.get('cache_dir')}, "
-                      f"mount point {cur.get('mountpoint')})")
+            holder = self.describe(cur)
             if left > 0 and not force:
                 raise UserError(f"{self.cold.describe()} is mounted read-write by {holder} for "
                                 f"another {left:.0f}s: unmount it there, or add --force if that "
@@ -72,27 +93,44 @@ class Lease:
         self._write()
         return note
 
+    def still_mine(self) -> bool:
+        """Read the lease (blocking); fence this node if another one holds it."""
+        if self.fenced:
+            return False
+        cur = self.read()
+        if cur and cur.get("node") != self.me["node"]:
+            self.state.fence(self.describe(cur))
+            return False
+        return True
+
     async def run(self) -> None:
         """Renew the lease every ttl/3; fence this daemon if another node took it."""
         while not self.fenced:
             await trio.sleep(self.ttl / 3)
             try:
-                cur = await trio.to_thread.run_sync(self.read)
-                if cur and cur.get("node") != self.me["node"]:
-                    self.fenced = True
-                    log.error("the filesystem was taken over by %s (pid %s): this mount "
-                              "stops uploading; unmount it", cur.get("host"), cur.get("pid"))
-                    return
-                await trio.to_thread.run_sync(self._write)
+                if await trio.to_thread.run_sync(self.still_mine):
+                    await trio.to_thread.run_sync(self._write)
             except ColdStoreError as e:
                 log.warning("lease renewal failed (%s); will retry", e)
 
+    def abandon(self) -> None:
+        """A mount refused after acquire: put back what was there (blocking)."""
+        try:
+            if self.previous is None:
+                self.cold.delete(LEASE_KEY)
+            else:
+                self.cold.put(LEASE_KEY, json.dumps(self.previous).encode())
+        except ColdStoreError as e:
+            log.warning("could not give the lease back: %s", e)
+
     def release(self) -> None:
+        """Mark the lease released (kept as the record of the last writer)."""
         if self.fenced:
             return
         try:
             cur = self.read()
-            if cur and cur.get("node") == self.me["node"]:
-                self.cold.delete(LEASE_KEY)
+            if cur is None or cur.get("node") == self.me["node"]:
+                self.cold.put(LEASE_KEY, json.dumps(
+                    {**self.me, "expires": 0, "released": True}).encode())
         except ColdStoreError as e:
             log.warning("could not release the lease: %s", e)

@@ -19,6 +19,10 @@ from .checkpoint import checkpoint_name, list_checkpoints, unpack
 
 log = logging.getLogger(__name__)
 
+# Object ids a node taken over might still allocate before it notices (it stops
+# within a lease renewal); the recovered node's ids start this far above.
+OBJECT_ID_GAP = 1 << 32
+
 
 @dataclass
 class RecoveryReport:
@@ -87,6 +91,7 @@ def recover(cold, meta_dir: str) -> tuple[MetaStore, RecoveryReport]:
         meta.purge_orphan(ino)
     # Objects the dead node uploaded after this checkpoint: nothing references them.
     next_id = meta.peek_counter(b"obj")
+    highest = next_id - 1
     for key in cold.list("data/"):
         try:
             obj_id = int(key[len("data/"):], 16)
@@ -94,7 +99,11 @@ def recover(cold, meta_dir: str) -> tuple[MetaStore, RecoveryReport]:
             continue
         if obj_id >= next_id and key == object_name(obj_id):
             gc_ids.append(obj_id)
+            highest = max(highest, obj_id)
     meta.update(None, {}, gc_ids)
+    # New objects must never reuse those ids (gc would delete the new data), nor
+    # ones the old node may still allocate if it is alive after all: start far above.
+    meta.raise_counter(b"obj", highest + 1 + OBJECT_ID_GAP)
     meta.sync()
     names = scan.paths(meta)
     report.files = sum(1 for _ in scan.inodes(meta))

@@ -39,8 +39,10 @@ class Uploader:
         self._wake = trio.Event()
         self.changed = trio.Event()           # fires after every finished upload
         self.failures = 0
+        self.last_error: str | None = None   # of the latest failed upload, for sync/status
         self.backoff_until = 0.0
         self.paused = lambda: False  # e.g. while this node is fenced off
+        space.kick_uploader = self.kick
 
     def kick(self) -> None:
         self._wake.set()
@@ -52,14 +54,16 @@ class Uploader:
         urgent = self.urgent or set()
         dirty = self.engine.index.dirty
         # While the mount is being written, uploads wait (they would take CPU and disk
-        # from the writer), but never longer than MAX_WAIT_FACTOR delays.
+        # from the writer), but never longer than MAX_WAIT_FACTOR delays. Extents found
+        # dirty at mount do not wait at all: whoever wrote them is gone.
         writing = any(now - info.last_write < self.delay for info in dirty.values())
         quiet_for = self.delay * (MAX_WAIT_FACTOR if writing else 1)
         due = []
         for key, info in dirty.items():
             if key in self.in_flight:
                 continue
-            if urgent_all or key[0] in urgent or now - info.last_write >= quiet_for:
+            if (urgent_all or info.found or key[0] in urgent
+                    or now - info.last_write >= quiet_for):
                 due.append(key)
         return due
 
@@ -85,7 +89,9 @@ class Uploader:
             self.engine.stats.inc("upload_errors")
             # Back off so a bucket outage does not become a hot loop.
             self.backoff_until = time.monotonic() + min(30.0, 0.5 * 2 ** min(self.failures, 6))
-            log.warning("upload of inode %d extent %d failed (%s); will retry", *key, e)
+            if self.last_error is None:  # once per outage, not once per extent
+                log.warning("upload of inode %d extent %d failed (%s); will retry", *key, e)
+            self.last_error = str(e)
         except Exception:
             log.exception("upload of inode %d extent %d failed", *key)
         finally:
@@ -131,12 +137,16 @@ class Uploader:
         try:
             size, checksum = await trio.to_thread.run_sync(read_and_put, limiter=engine.s3_limiter)
         except BaseException:
-            engine.meta.update(None, {}, [obj_id], [obj_id])  # it may exist: let gc check
+            # It may exist in the bucket; nothing references it: gc deletes it now.
+            engine.meta.update(None, {}, unreferenced=[obj_id])
             raise
         engine.stats.inc("uploads")
         engine.stats.inc("upload_bytes", size)
         engine.stats.observe("upload_seconds", "", time.monotonic() - t0)
+        if self.failures:
+            log.info("uploads work again")
         self.failures = 0
+        self.last_error = None
         # Back on the trio thread: is what we uploaded still the extent's content?
         try:
             _node, exts = engine.meta.get_extents(ino, idx, idx)
@@ -145,11 +155,14 @@ class Uploader:
         cur = exts.get(idx)
         info = engine.index.dirty.get(key)
         if cur is None or not cur.dirty or info is None or info.gen != gen:
-            engine.meta.update(None, {}, [obj_id], [obj_id])  # stale copy: gc removes it
+            # Written, truncated or removed meanwhile: a stale copy nobody references.
+            engine.meta.update(None, {}, unreferenced=[obj_id])
+            engine.stats.inc("uploads_superseded")
             return
         new = replace(cur, flags=cur.flags & ~DIRTY, length=size, checksum=checksum,
                       obj_id=obj_id, obj_off=0, obj_len=size)
-        engine.meta.update(None, {key: new}, [cur.obj_id] if cur.obj_id else [], [obj_id])
+        engine.meta.update(None, {key: new},
+                           [(cur.obj_id, cur.obj_len)] if cur.obj_id else [], [obj_id])
         engine.index.cleaned(key, gen)
         engine.verified.add(key)  # the checksum was computed from this very hot copy
         self.space.uploaded()
