@@ -100,24 +100,39 @@ class Mount:
             self.pid = None
 
 
-def _wait_gone(pid: int, timeout: float = 30) -> None:
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.02):
+    """Poll `predicate` until it returns something true, and return that; raise
+    AssertionError naming `what` if it has not within `timeout` seconds. For
+    conditions a background step makes true: the timeout only bounds a hang."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().split(")")[-1].split()[0] == "Z":
-                    return
-        except OSError:
-            return
-        time.sleep(0.02)
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+def _gone(pid: int) -> bool:
+    """Whether the process has exited (a zombie counts: it runs no more)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _wait_gone(pid: int, timeout: float = 30) -> None:
+    wait_until(lambda: _gone(pid), timeout, f"daemon pid {pid} to exit")
 
 
 def write_file(path: str, data: bytes) -> None:

@@ -19,7 +19,7 @@ import time
 import lmdb
 import pytest
 
-from tests.harness import Mount
+from tests.harness import Mount, wait_until
 from tierfs.meta import schema
 
 MiB = 1 << 20
@@ -95,11 +95,7 @@ def assert_errno(expected: int, fn, *args, **kwargs) -> None:
 
 def eventually(cond, timeout: float = 10.0, what: str = "condition") -> None:
     """Poll for something the daemon does asynchronously (release, forget)."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout}s")
-        time.sleep(0.02)
+    wait_until(cond, timeout, what)
 
 
 def clock_past(ns: int, margin_ns: int = 25_000_000) -> None:

@@ -2,13 +2,21 @@
 big offsets, open flags, fallocate, fsync, statfs, unlink while open."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import re
+import shutil
+import signal
 import stat
+import subprocess
 
-from tests.fuse.test_posix_common import (E, MiB, assert_errno, d, eventually,  # noqa: F401
-                                          hot_files, meta_has_inode, read_uncached,
-                                          shared_mnt)
+import pytest
+
+from tests.fuse.test_posix_common import (E, MOUNT_CONFIGS, MiB, assert_errno, d,  # noqa: F401
+                                          eventually, hot_files, meta_has_inode,
+                                          read_uncached, shared_mnt)
+from tests.harness import wait_until
 
 GiB = 1 << 30
 
@@ -226,22 +234,99 @@ def test_posix_fallocate_extends_with_zeros(d):
     assert data == b"abc" + bytes(E + 7)
 
 
-def test_fsync_fdatasync_and_dir_fsync(d):
-    p = os.path.join(d, "f")
+def hot_extent_bytes(m, ino: int, idx: int) -> bytes:
+    """An extent's bytes as they are in the daemon's hot-tier file (the layout of
+    tierfs.hot.HotStore.path), read beside the daemon, not through the mount."""
+    with open(os.path.join(m.cache_dir, "hot", f"{ino & 0xff:02x}", f"{ino:x}.{idx:x}"),
+              "rb") as f:
+        return f.read()
+
+
+# strace lines: `PID fsync(FD</path>) = 0`, or a call split across threads as
+# `PID fsync(FD</path> <unfinished ...>` ... `PID <... fsync resumed>) = 0`.
+_SYNC_CALL = re.compile(r"^(\d+)\s+(?:fsync|fdatasync)\(\d+<(.*)>(\)\s+=\s+0|\s+<unfinished \.\.\.>)$")
+_SYNC_RESUMED = re.compile(r"^(\d+)\s+<\.\.\. (?:fsync|fdatasync) resumed>\)\s+=\s+0$")
+
+
+@contextlib.contextmanager
+def traced_syncs(pid: int, tmp_path):
+    """strace the daemon (all threads) for the duration of the block; yields a
+    list that holds, after the block, the path of every file it fsynced or
+    fdatasynced meanwhile."""
+    if shutil.which("strace") is None:
+        pytest.skip("needs strace to see the daemon flush its files")
+    out, err = tmp_path / "strace.out", tmp_path / "strace.err"
+    with open(err, "wb") as err_f:
+        proc = subprocess.Popen(["strace", "-f", "-y", "-e", "trace=fsync,fdatasync",
+                                 "-o", str(out), "-p", str(pid)], stderr=err_f)
+    synced: list[str] = []
+    try:
+        wait_until(lambda: b"attached" in err.read_bytes() or proc.poll() is not None, 30,
+                   f"strace to attach to the daemon (pid {pid})")
+        assert proc.poll() is None, f"strace failed: {err.read_text()}"
+        yield synced
+    finally:
+        proc.send_signal(signal.SIGINT)  # detaches from the daemon, which runs on
+        proc.wait(timeout=30)
+    unfinished: dict[str, str] = {}
+    for line in out.read_text().splitlines():
+        line = line.strip()
+        if match := _SYNC_CALL.match(line):
+            if match.group(3).startswith(")"):
+                synced.append(match.group(2))
+            else:
+                unfinished[match.group(1)] = match.group(2)
+        elif (match := _SYNC_RESUMED.match(line)) and match.group(1) in unfinished:
+            synced.append(unfinished.pop(match.group(1)))
+
+
+@pytest.mark.parametrize("config", list(MOUNT_CONFIGS))
+def test_fsync_fdatasync_and_dir_fsync(mount_factory, tmp_path, config):
+    # A long upload delay keeps the written extents dirty, so that the hot tier is
+    # their only copy and the daemon's fsync has to flush it.
+    m = mount_factory(args=(*MOUNT_CONFIGS[config], "--upload-delay", "3600"))
+    hot_dir = os.path.realpath(os.path.join(m.cache_dir, "hot"))
+    meta_file = os.path.realpath(os.path.join(m.cache_dir, "meta", "data.mdb"))
+    os.mkdir(m.path("d"))
+    p = m.path("d", "f")
+    data = pattern(E + 4000)  # two extents
     fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        os.write(fd, b"data" * 1000)
-        os.fsync(fd)
+        ino = os.fstat(fd).st_ino
+        hot = [os.path.join(hot_dir, f"{ino & 0xff:02x}", f"{ino:x}.{i:x}") for i in (0, 1)]
+        # With the writeback cache these writes may sit in the kernel's page cache;
+        # fsync must bring them to the daemon and make the daemon flush its files.
+        os.write(fd, data)
+        with traced_syncs(m.pid, tmp_path) as synced:
+            os.fsync(fd)
+        assert hot_extent_bytes(m, ino, 0) == data[:E]
+        assert hot_extent_bytes(m, ino, 1) == data[E:]
+        assert hot[0] in synced and hot[1] in synced, f"hot files not flushed: {synced}"
+        assert meta_file in synced, f"metadata not flushed by fsync: {synced}"
         os.write(fd, b"more")
-        os.fdatasync(fd)
+        with traced_syncs(m.pid, tmp_path) as synced:
+            os.fdatasync(fd)
+        assert hot_extent_bytes(m, ino, 1) == data[E:] + b"more"
+        assert hot[1] in synced, f"hot file not flushed by fdatasync: {synced}"
+        assert meta_file in synced, f"metadata not flushed by fdatasync: {synced}"
     finally:
         os.close(fd)
-    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    # fsync of a directory makes its entries durable. Every metadata change is
+    # committed to LMDB (sync=False) at once, so a new entry survives a kill -9 of
+    # the daemon even without any fsync: only power loss tells the difference, and
+    # what guards against it is the flush of the metadata file. So that flush is
+    # what this checks, in the daemon's syscalls.
+    with open(m.path("d", "new"), "wb") as f:
+        f.write(b"x")
+    dfd = os.open(m.path("d"), os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.fsync(dfd)
+        with traced_syncs(m.pid, tmp_path) as synced:
+            os.fsync(dfd)
     finally:
         os.close(dfd)
-    assert read_uncached(p) == b"data" * 1000 + b"more"
+    assert meta_file in synced, f"metadata not flushed by fsync of a directory: {synced}"
+    assert sorted(os.listdir(m.path("d"))) == ["f", "new"]
+    assert read_uncached(p) == data + b"more"
 
 
 def test_statvfs(shared_mnt):

@@ -11,7 +11,7 @@ import time
 
 import boto3
 
-from tests.harness import cached_pages, drop_page_cache, read_file, write_file
+from tests.harness import cached_pages, drop_page_cache, read_file, wait_until, write_file
 import pytest
 
 MiB = 1 << 20
@@ -212,11 +212,8 @@ def test_gc_removes_unreferenced_objects(s3m):
     os.unlink(m.path("a"))
     write_file(m.path("b"), pattern(MiB, 9))  # O_TRUNC + rewrite: 2 old objects go
     m.cli("sync", m.mountpoint, "--wait", check=True)
-    for _ in range(100):
-        if len(data_objects(m)) == 1:
-            break
-        time.sleep(0.1)
-    assert len(data_objects(m)) == 1
+    wait_until(lambda: len(data_objects(m)) == 1, 30,
+               "gc to delete the 4 objects nothing references any more")
     assert read_file(m.path("b")) == pattern(MiB, 9)
 
 
@@ -260,15 +257,16 @@ def test_uploads_wait_while_the_mount_is_written(s3m):
     m = s3m("--upload-delay", "2")  # uploads wait at most 4 x 2 s while writes go on
     write_file(m.path("first"), pattern(MiB, 13))
     t0 = time.monotonic()
-    while time.monotonic() - t0 < 5:  # another file keeps being written
+    # Another file keeps being written for 5 s, one append every 0.1 s: this sleep
+    # paces the workload, it waits for nothing. (This test is about a time-based
+    # policy: it needs a 2 s delay to pass unnoticed, against a cap at 8 s.)
+    while time.monotonic() - t0 < 5:
         with open(m.path("log"), "ab") as f:
             f.write(b"x" * 4096)
         time.sleep(0.1)
     assert status(m, m.path("first"))["file"]["dirty"] == MiB
-    deadline = time.monotonic() + 30
-    while status(m, m.path("first"))["file"]["dirty"] and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert status(m, m.path("first"))["file"]["dirty"] == 0
+    wait_until(lambda: status(m, m.path("first"))["file"]["dirty"] == 0, 30,
+               "the first file to upload once the writes stopped")
 
 
 def test_open_starts_the_disk_read_of_a_hot_file(mnt):
@@ -282,10 +280,8 @@ def test_open_starts_the_disk_read_of_a_hot_file(mnt):
     assert cached_pages(hot_file) == 0
     fd = os.open(mnt.path("f"), os.O_RDONLY)  # open only: nothing is read
     try:
-        deadline = time.monotonic() + 10
-        while cached_pages(hot_file) < 64 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert cached_pages(hot_file) == 64
+        wait_until(lambda: cached_pages(hot_file) == 64, 10,
+                   "the daemon to read the hot file's 64 pages into the page cache")
     finally:
         os.close(fd)
 
@@ -309,9 +305,8 @@ def test_dirty_data_uploads_after_remount(s3m):
     assert status(m)["dirty_bytes"] == 2 * MiB
     m.kill9()
     m.start()  # cleans the stale mount; dirty extents found at mount upload right away
-    deadline = time.monotonic() + 30
-    while status(m)["dirty_bytes"] and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: status(m)["dirty_bytes"] == 0, 30,
+               "the dirty extents found at mount to upload")
     st = status(m)
     assert st["dirty_bytes"] == 0 and st["counters"]["uploads"] == 2
     make_cold(m, m.path("f"))
