@@ -161,6 +161,14 @@ class Daemon:
             log.info("FUSE session ended; shutting down")
             nursery.cancel_scope.cancel()
         await self._final_flush()
+        await self._release_lease()
+
+    async def _release_lease(self) -> None:
+        """Mark the lease released, within --cold-timeout (a silent bucket must not
+        keep the daemon from exiting; the lease then simply expires)."""
+        lease, self.lease = self.lease, None
+        with trio.move_on_after(self.cfg.cold_timeout):
+            await trio.to_thread.run_sync(lease.release, abandon_on_cancel=True)
 
     async def _background(self) -> None:
         async with trio.open_nursery() as nursery:

@@ -14,7 +14,9 @@ class FaultyStore:
     def __init__(self, inner, *, seed: int = 0) -> None:
         self.inner = inner
         self.fail_rate = 0.0  # probability that a call raises a transient error
-        self.outage = False  # every call fails while True
+        self.outage = False  # every call fails while True (a bucket refusing connections)
+        self.hang = False  # every call blocks while True (accepts, never answers), at most
+        self.hang_limit_s = 600.0  # this long: a thread must end some day
         self.latency_s = 0.0  # sleep before each call
         self.corrupt_keys: set[str] = set()  # get() on these flips one byte
         self.calls: dict[str, int] = {}
@@ -27,10 +29,16 @@ class FaultyStore:
             fail = self.fail_rate > 0 and self._rng.random() < self.fail_rate
         if self.latency_s:
             time.sleep(self.latency_s)
+        deadline = time.monotonic() + self.hang_limit_s
+        while self._hanging() and time.monotonic() < deadline:
+            time.sleep(0.05)
         if self.outage:
             raise ColdStoreError("injected outage", transient=True)
         if fail:
             raise ColdStoreError(f"injected failure in {op}", transient=True)
+
+    def _hanging(self) -> bool:
+        return self.hang
 
     def put(self, key: str, data: bytes) -> None:
         self._enter("put")
@@ -69,15 +77,25 @@ class FaultyStore:
 
 class ControlledFaults(FaultyStore):
     """A FaultyStore steered from another process through a JSON file, e.g.
-    {"outage": true, "fail_rate": 0.2, "latency_s": 0.01, "corrupt_keys": ["data/..."]}.
-    The file is re-read when it changes; tests of a mounted daemon use it."""
+    {"outage": true, "hang": true, "fail_rate": 0.2, "latency_s": 0.01,
+     "corrupt_keys": ["data/..."]}.
+    The file is re-read when it changes (also while a call hangs, so clearing
+    "hang" releases it); tests of a mounted daemon use it."""
 
     def __init__(self, inner, control_path: str, *, seed: int = 0) -> None:
         super().__init__(inner, seed=seed)
         self.control_path = control_path
         self._mtime = None
 
+    def _hanging(self) -> bool:
+        self._reload()
+        return self.hang
+
     def _enter(self, op: str) -> None:
+        self._reload()
+        super()._enter(op)
+
+    def _reload(self) -> None:
         import json
         import os
         try:
@@ -85,13 +103,16 @@ class ControlledFaults(FaultyStore):
         except FileNotFoundError:
             mtime = None
         if mtime != self._mtime:
-            self._mtime = mtime
             conf = {}
             if mtime is not None:
-                with open(self.control_path) as f:
-                    conf = json.loads(f.read() or "{}")
+                try:
+                    with open(self.control_path) as f:
+                        conf = json.loads(f.read() or "{}")
+                except (OSError, ValueError):
+                    return  # caught mid-write: read it again at the next call
+            self._mtime = mtime
             self.outage = bool(conf.get("outage", False))
+            self.hang = bool(conf.get("hang", False))
             self.fail_rate = float(conf.get("fail_rate", 0.0))
             self.latency_s = float(conf.get("latency_s", 0.0))
             self.corrupt_keys = set(conf.get("corrupt_keys", ()))
-        super()._enter(op)

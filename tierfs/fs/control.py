@@ -16,7 +16,7 @@ import time
 
 import trio
 
-from ..errors import FsError, TierfsError
+from ..errors import ColdStoreError, FsError, TierfsError
 from ..fs.ops import CONTROL_XATTR, STATE_XATTR
 from ..meta import scan
 from ..meta.schema import ROOT_INO
@@ -123,14 +123,17 @@ class Control:
         await self.engine.sync_all()
         if req.get("wait"):
             timeout = float(req.get("timeout") or 0) or float("inf")
+            failed = None
             with trio.move_on_after(timeout) as scope:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._sync_progress, inos, reply)
-                    await self._check_lease()
-                    await self.daemon.uploader.flush(inos)
-                    await self.daemon.checkpointer.checkpoint()  # the namespace too
-                    await self._check_lease()  # nobody took over while we uploaded
+                    try:
+                        await self._sync_wait(inos)
+                    except TierfsError as e:  # raised out of a nursery it would be a group
+                        failed = e
                     nursery.cancel_scope.cancel()
+            if failed is not None:
+                raise failed
             if scope.cancelled_caught:
                 left = self._dirty(inos)
                 why = self.daemon.uploader.last_error
@@ -148,10 +151,29 @@ class Control:
         index = self.engine.index
         return sum(index.sizes.get(k, 0) for k in index.dirty if inos is None or k[0] in inos)
 
+    async def _sync_wait(self, inos) -> None:
+        await self._check_lease()
+        while True:
+            await self.daemon.uploader.flush(inos)
+            try:
+                await self.daemon.checkpointer.checkpoint()  # the namespace too
+                break
+            except ColdStoreError as e:
+                log.info("checkpoint for sync failed (%s); retrying", e)
+                await trio.sleep(1.0)
+        await self._check_lease()  # nobody took over while we uploaded
+
     async def _check_lease(self) -> None:
-        """A durability answer needs the filesystem to be ours: read the lease now."""
+        """A durability answer needs the filesystem to be ours: read the lease now
+        (through bucket trouble, until the caller's timeout)."""
         lease = self.daemon.lease
-        if not await trio.to_thread.run_sync(lease.still_mine, abandon_on_cancel=True):
+        while True:
+            try:
+                mine = await trio.to_thread.run_sync(lease.still_mine, abandon_on_cancel=True)
+                break
+            except ColdStoreError:
+                await trio.sleep(1.0)
+        if not mine:
             raise TierfsError(self.fenced_message())
 
     def fenced_message(self) -> str:
@@ -161,11 +183,14 @@ class Control:
     async def _sync_progress(self, inos, reply) -> None:
         """Tell the waiting client what it waits for, once a second."""
         uploader = self.daemon.uploader
-        while True:
-            await trio.sleep(1.0)
-            await reply({"progress": True, "dirty_bytes": self._dirty(inos),
-                         "uploads_in_flight": len(uploader.in_flight),
-                         "upload_error": uploader.last_error})
+        try:
+            while True:
+                await trio.sleep(1.0)
+                await reply({"progress": True, "dirty_bytes": self._dirty(inos),
+                             "uploads_in_flight": len(uploader.in_flight),
+                             "upload_error": uploader.last_error})
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the client went away; the sync itself goes on to its end
 
     async def cmd_prefetch(self, req, reply):
         return await actions.prefetch(self.engine, int(req["ino"]), int(req.get("parallel", 8)))

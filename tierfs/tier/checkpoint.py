@@ -115,13 +115,13 @@ class Checkpointer:
                 engine.meta.copying = False
             blob = await trio.to_thread.run_sync(pack, seq, db)
             await trio.to_thread.run_sync(engine.cold.put, checkpoint_name(seq), blob,
-                                          limiter=engine.s3_limiter)
+                                          limiter=engine.s3_limiter, abandon_on_cancel=True)
             self.kept.append(seq)
             old, self.kept = self.kept[:-self.keep], self.kept[-self.keep:]
             self._tell_gc()
             for s in old:
                 await trio.to_thread.run_sync(engine.cold.delete, checkpoint_name(s),
-                                              limiter=engine.s3_limiter)
+                                              limiter=engine.s3_limiter, abandon_on_cancel=True)
             engine.stats.inc("checkpoints")
             log.info("metadata checkpoint %d: %d bytes in %.2fs", seq, len(db),
                      time.monotonic() - t0)

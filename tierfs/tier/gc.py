@@ -43,7 +43,8 @@ class GarbageCollector:
                 cold.delete(object_name(obj_id))
 
         try:
-            await trio.to_thread.run_sync(delete_all, limiter=self.engine.s3_limiter)
+            await trio.to_thread.run_sync(delete_all, limiter=self.engine.s3_limiter,
+                                          abandon_on_cancel=True)
         except ColdStoreError as e:
             log.warning("gc: deleting objects failed (%s); will retry", e)
             return 0

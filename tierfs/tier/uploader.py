@@ -135,7 +135,12 @@ class Uploader:
 
         t0 = time.monotonic()
         try:
-            size, checksum = await trio.to_thread.run_sync(read_and_put, limiter=engine.s3_limiter)
+            # Abandoned if cancelled (unmount): a bucket that never answers must not
+            # hold the daemon; the intent stays, and the next mount cleans it up.
+            size, checksum = await trio.to_thread.run_sync(
+                read_and_put, limiter=engine.s3_limiter, abandon_on_cancel=True)
+        except trio.Cancelled:
+            raise
         except BaseException:
             # It may exist in the bucket; nothing references it: gc deletes it now.
             engine.meta.update(None, {}, unreferenced=[obj_id])
