@@ -20,7 +20,7 @@ from .fs.control import Control
 from .fs.ops import Operations
 from .hot import HotStore
 from .mountpoint import check_fuse_available, check_mountpoint
-from .tier.checkpoint import Checkpointer
+from .tier.checkpoint import Checkpointer, Fenced
 from .tier.engine import Engine
 from .tier.gc import GarbageCollector
 from .tier.hinted import HintQueue
@@ -117,6 +117,7 @@ class Daemon:
                                          interval=cfg.checkpoint_interval,
                                          keep=cfg.checkpoint_keep)
         self.checkpointer.load()
+        self.gc.still_ours = self.checkpointer.still_ours = self.lease.still_mine
         self.hints = HintQueue(self.engine)
         self.control = Control(self)
         if cfg.metrics_port:
@@ -207,6 +208,8 @@ class Daemon:
                     await self.gc.collect()
                 except ColdStoreError as e:
                     log.warning("final metadata checkpoint failed: %s", e)
+                except Fenced:
+                    pass  # the exit report says so
                 nursery.cancel_scope.cancel()
         if self.engine.index.dirty:
             log.warning("%d extents still dirty at exit; they upload on the next mount",

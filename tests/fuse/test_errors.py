@@ -165,3 +165,15 @@ def test_s3_prefix_with_foreign_data(tmp_path, s3env, s3_url, s3_endpoint):
         Bucket=bucket, Key=f"{prefix}/dataset/part-0000.parquet", Body=b"PAR1")
     res = run_cli(*mount_args(tmp_path, cold=s3_url), env=s3env)
     assert_clean_error(res, "not a tierfs filesystem")
+
+
+def test_hot_tier_too_small_for_one_request(tmp_path):
+    """A 1 MiB request can touch 5 extents of 256 KiB: a 1 MiB hot tier would fail the
+    first such write with ENOSPC, so the mount is refused, naming the minimum."""
+    (tmp_path / "mnt").mkdir()
+    res = run_cli(*mount_args(tmp_path), "--cache-size", "1M", "--extent-size", "256K")
+    assert_clean_error(res, "--cache-size 1.0 MiB is too small", "touch 5 extents",
+                       "needs at least 1.2 MiB")
+    res = run_cli(*mount_args(tmp_path), "--cache-size", "2M", "--extent-size", "256K")
+    assert res.returncode == 0, res.stderr
+    assert run_cli("umount", str(tmp_path / "mnt")).returncode == 0

@@ -21,6 +21,7 @@ from ..fs.ops import CONTROL_XATTR, STATE_XATTR
 from ..meta import scan
 from ..meta.schema import ROOT_INO
 from ..tier import actions
+from ..tier.checkpoint import Fenced
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +159,8 @@ class Control:
             try:
                 await self.daemon.checkpointer.checkpoint()  # the namespace too
                 break
+            except Fenced:
+                raise TierfsError(self.fenced_message()) from None
             except ColdStoreError as e:
                 log.info("checkpoint for sync failed (%s); retrying", e)
                 await trio.sleep(1.0)

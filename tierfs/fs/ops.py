@@ -257,8 +257,9 @@ class Operations(pyfuse3.Operations):
     async def open(self, inode, flags, ctx):
         # The kernel sends directories to opendir, so a plain open needs no
         # metadata read: this is the hottest request of small-file workloads.
+        if flags & os.O_ACCMODE != os.O_RDONLY:
+            self.state.check_writable()  # as on a read-only mount: refused at open
         if flags & os.O_TRUNC:
-            self.state.check_writable()
             node = self.meta.get_inode(inode)
             # The kernel leaves O_TRUNC to us (atomic_o_trunc), so do what a
             # truncate() through setattr does: new mtime/ctime even if the file

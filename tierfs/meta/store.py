@@ -127,6 +127,10 @@ class MetaStore:
             if raw is None or s.read_u64(raw) < at_least:
                 txn.put(s.counter_key(name), s.u64(at_least))
 
+    def raise_epoch(self, at_least: int) -> None:
+        self.raise_counter(b"epoch", at_least)
+        self.epoch = max(self.epoch, at_least)
+
     def peek_counter(self, name: bytes) -> int:
         with self._read() as txn:
             raw = txn.get(s.counter_key(name))

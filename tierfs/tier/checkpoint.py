@@ -19,11 +19,15 @@ import time
 import trio
 
 from ..checksum import xxh3
-from ..errors import ColdStoreError, UserError
+from ..errors import ColdStoreError, TierfsError, UserError
 
 log = logging.getLogger(__name__)
 
 PREFIX = "meta/ckpt-"
+
+
+class Fenced(TierfsError):
+    """This node lost the filesystem to another: it writes no checkpoint."""
 
 
 def checkpoint_name(seq: int) -> str:
@@ -77,6 +81,9 @@ class Checkpointer:
         self.keep = max(1, keep)
         self.kept: list[int] = []
         self._lock = trio.Lock()
+        # Blocking check that the filesystem is still this node's (the lease): a
+        # node taken over must not put or prune checkpoints the new holder relies on.
+        self.still_ours = lambda: True
 
     def load(self) -> None:
         """Learn which checkpoints exist (blocking; at startup)."""
@@ -98,6 +105,8 @@ class Checkpointer:
                 await self.checkpoint()
             except ColdStoreError as e:
                 log.warning("metadata checkpoint failed (%s); will retry", e)
+            except Fenced:
+                return
 
     async def checkpoint(self) -> int:
         async with self._lock:
@@ -114,6 +123,8 @@ class Checkpointer:
                 engine.meta.thread_readers -= 1
                 engine.meta.copying = False
             blob = await trio.to_thread.run_sync(pack, seq, db)
+            if not await trio.to_thread.run_sync(self.still_ours, abandon_on_cancel=True):
+                raise Fenced("taken over: no more checkpoints from this node")
             await trio.to_thread.run_sync(engine.cold.put, checkpoint_name(seq), blob,
                                           limiter=engine.s3_limiter, abandon_on_cancel=True)
             self.kept.append(seq)

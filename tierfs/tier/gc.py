@@ -21,10 +21,14 @@ class GarbageCollector:
         self.interval = interval
         self.batch = batch
         self.paused = lambda: False  # e.g. while this node is fenced off
+        # Blocking lease check before deleting: a node taken over must not delete
+        # objects that the new holder's metadata still references.
+        self.still_ours = lambda: True
 
     async def run(self) -> None:
         while True:
             await trio.sleep(self.interval)
+            self.engine.stats.inc("gc_passes")
             while await self.collect() >= self.batch:
                 pass  # a backlog (overwrites): keep deleting before sleeping again
 
@@ -39,6 +43,8 @@ class GarbageCollector:
             return 0
 
         def delete_all():
+            if not self.still_ours():
+                return
             for obj_id in ids:
                 cold.delete(object_name(obj_id))
 
@@ -47,6 +53,8 @@ class GarbageCollector:
                                           abandon_on_cancel=True)
         except ColdStoreError as e:
             log.warning("gc: deleting objects failed (%s); will retry", e)
+            return 0
+        if self.paused():  # fenced while checking: nothing was deleted
             return 0
         meta.gc_done(ids)
         self.engine.stats.inc("gc_deleted", len(ids))

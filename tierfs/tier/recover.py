@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 # Object ids a node taken over might still allocate before it notices (it stops
 # within a lease renewal); the recovered node's ids start this far above.
 OBJECT_ID_GAP = 1 << 32
+CHECKPOINT_GAP = 1 << 16
 
 
 @dataclass
@@ -104,6 +105,9 @@ def recover(cold, meta_dir: str) -> tuple[MetaStore, RecoveryReport]:
     # New objects must never reuse those ids (gc would delete the new data), nor
     # ones the old node may still allocate if it is alive after all: start far above.
     meta.raise_counter(b"obj", highest + 1 + OBJECT_ID_GAP)
+    # Checkpoints of this node must sort after any the old node wrote (also one it
+    # put while being taken over), or recovery and pruning would pick its stale ones.
+    meta.raise_epoch(max(list_checkpoints(cold), default=seq) + CHECKPOINT_GAP)
     meta.sync()
     names = scan.paths(meta)
     report.files = sum(1 for _ in scan.inodes(meta))

@@ -1,0 +1,242 @@
+"""Taking a filesystem over from another node: `mount --force` on a new cache dir
+recovers from the bucket's newest checkpoint and fences the old mount; a cache
+dir another node has written past is refused; and the recovered node's new
+objects never reuse ids of the old node's unreferenced uploads (which gc deletes)."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+
+import pytest
+
+from tests.fuse.test_durability import s3env, s3m  # noqa: F401 (fixtures)
+from tests.fuse.test_tiering import bucket_client, data_objects, pattern, status
+from tests.harness import drop_page_cache, read_file, wait_until, write_file
+
+MiB = 1 << 20
+TAKEN_OVER = r"taken over by"  # the ERROR line a fenced daemon logs once
+
+
+def object_id(key: str) -> int:
+    return int(key.rsplit("/", 1)[1], 16)
+
+
+def bucket_listing(m) -> dict[str, str]:
+    """Every key under the filesystem's prefix with its ETag (content hash)."""
+    bucket, prefix = m.cold_url[5:].split("/", 1)
+    pages = bucket_client(m).get_paginator("list_objects_v2").paginate(
+        Bucket=bucket, Prefix=f"{prefix}/")
+    return {o["Key"]: o["ETag"] for page in pages for o in page.get("Contents", [])}
+
+
+def lease(m) -> dict:
+    bucket, prefix = m.cold_url[5:].split("/", 1)
+    body = bucket_client(m).get_object(Bucket=bucket, Key=f"{prefix}/lease.json")["Body"]
+    return json.loads(body.read())
+
+
+def forget_pages(path: str) -> None:
+    """Drop clean cached pages without fsync (which a fenced mount answers with EIO)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def assert_errno(err: int, fn, *args) -> None:
+    with pytest.raises(OSError) as info:
+        fn(*args)
+    assert info.value.errno == err, (fn, args, info.value)
+
+
+def close_reporting(fd: int) -> list[int]:
+    """Close, returning the errno a refused flush of written pages reports (if any)."""
+    try:
+        os.close(fd)
+    except OSError as e:
+        return [e.errno]
+    return []
+
+
+def one_line_error(res) -> str:
+    err = res.stderr.strip()
+    assert "Traceback" not in res.stderr and "\n" not in err, res.stderr
+    return err
+
+
+# ---- --force takeover fences the old mount --------------------------------------------
+
+def test_force_takeover_fences_the_old_mount(s3m):
+    a = s3m(name="a")
+    a.allowed_log.append(TAKEN_OVER)
+    data = pattern(2 * MiB + 7, 1)
+    write_file(a.path("f"), data)
+    os.mkdir(a.path("d"))
+    a.cli("sync", a.mountpoint, "--wait", check=True)
+
+    b = s3m(name="b", start=False)
+    res = b.start("--force")                       # empty cache dir: recovers, takes the lease
+    assert "took over the lease of" in res.stdout and a.cache_dir in res.stdout
+    assert "recovered from metadata checkpoint" in res.stdout
+    assert lease(b)["cache_dir"] == b.cache_dir
+    assert read_file(b.path("f")) == data
+
+    # A does not know yet (it reads the lease every 20 s): it still serves and accepts.
+    assert status(a)["fenced_by"] is None
+    write_file(a.path("late"), b"written on A after the takeover")
+    forget_pages(a.path("f"))
+    assert read_file(a.path("f")) == data
+
+    # sync --wait must not claim durability: it reads the lease and A is fenced.
+    res = a.cli("sync", a.mountpoint, "--wait")
+    assert res.returncode == 3, (res.returncode, res.stdout, res.stderr)
+    assert "fenced" in one_line_error(res)
+
+    # Reads keep working, from the page cache and from the daemon.
+    forget_pages(a.path("f"))
+    assert read_file(a.path("f")) == data
+    assert sorted(os.listdir(a.mountpoint)) == ["d", "f", "late"]
+
+    # Every change is refused: EROFS; fsync cannot promise anything: EIO.
+    assert_errno(errno.EROFS, write_file, a.path("new"), b"x")              # create
+    assert_errno(errno.EROFS, os.open, a.path("f"), os.O_WRONLY | os.O_TRUNC)
+    assert_errno(errno.EROFS, os.mkdir, a.path("d2"))
+    assert_errno(errno.EROFS, os.unlink, a.path("f"))
+    assert_errno(errno.EROFS, os.rmdir, a.path("d"))
+    assert_errno(errno.EROFS, os.rename, a.path("f"), a.path("g"))
+    assert_errno(errno.EROFS, os.truncate, a.path("f"), 10)
+    assert_errno(errno.EROFS, os.setxattr, a.path("f"), "user.k", b"v")
+    assert_errno(errno.EROFS, os.symlink, "f", a.path("ln"))
+    assert_errno(errno.EROFS, os.chmod, a.path("f"), 0o600)
+    fd = os.open(a.path("f"), os.O_RDONLY)
+    try:
+        assert_errno(errno.EIO, os.fsync, fd)
+    finally:
+        os.close(fd)
+    # Opening for writing is refused, as on a read-only mount: no write(2) can land in
+    # the kernel's writeback cache and be seen by A's readers.
+    assert_errno(errno.EROFS, os.open, a.path("f"), os.O_RDWR)
+    assert_errno(errno.EROFS, os.open, a.path("f"), os.O_WRONLY | os.O_APPEND)
+    forget_pages(a.path("f"))
+    assert read_file(a.path("f")) == data
+
+    # status says so, and exits 3.
+    res = a.cli("status", a.mountpoint)
+    assert res.returncode == 3, (res.returncode, res.stderr)
+    assert any(line.startswith("FENCED") for line in res.stdout.splitlines()), res.stdout
+    res = a.cli("status", a.mountpoint, "--json")
+    assert res.returncode == 3
+    fenced_by = json.loads(res.stdout)["fenced_by"]
+    assert fenced_by and b.cache_dir in fenced_by
+
+    # umount unmounts, but exits 3 and says the mount had been fenced.
+    res = a.cli("umount", a.mountpoint)
+    assert res.returncode == 3, (res.returncode, res.stdout, res.stderr)
+    assert "had been fenced" in one_line_error(res)
+    assert not a.mounted
+    a.pid = None
+    assert lease(b)["cache_dir"] == b.cache_dir     # A's exit did not touch B's lease
+
+    # Nothing A did after the takeover reached B; B writes on.
+    assert sorted(os.listdir(b.mountpoint)) == ["d", "f"]
+    drop_page_cache(b.mountpoint)
+    assert read_file(b.path("f")) == data
+    write_file(b.path("after"), b"B keeps writing")
+    b.cli("sync", b.mountpoint, "--wait", check=True)
+    assert status(b)["fenced_by"] is None
+
+
+# ---- a stale cache dir is refused --------------------------------------------------------
+
+def test_stale_cache_dir_is_refused_after_another_node_wrote(s3m):
+    a = s3m(name="a")
+    a.allowed_log.append("holds older metadata")
+    write_file(a.path("f"), pattern(MiB + 3, 2))
+    a.umount()
+    assert lease(a).get("released") is True        # kept as the record of the last writer
+
+    b = s3m(name="b", start=False)
+    res = b.start()                                # released lease: no --force needed
+    assert "recovered from metadata checkpoint" in res.stdout
+    b_data = pattern(3 * MiB + 1, 3)
+    write_file(b.path("from-b"), b_data)
+    os.unlink(b.path("f"))
+    b.umount()
+    after_b = lease(b)
+    assert after_b.get("released") is True and after_b["cache_dir"] == b.cache_dir
+    before = bucket_listing(b)
+
+    res = a.cli("mount", a.cold_url, a.mountpoint, "--cache-dir", a.cache_dir,
+                "--extent-size", "1M")
+    assert res.returncode == 1, (res.returncode, res.stdout, res.stderr)
+    err = one_line_error(res)
+    assert "holds older metadata" in err and a.cache_dir in err and b.cache_dir in err
+    assert not a.mounted
+    assert bucket_listing(b) == before             # lease and data untouched
+    assert lease(b) == after_b
+
+    c = s3m(name="c")                              # a fresh node sees what B wrote
+    assert sorted(os.listdir(c.mountpoint)) == ["from-b"]
+    assert read_file(c.path("from-b")) == b_data
+
+
+# ---- ids after recovery ------------------------------------------------------------------
+
+def test_new_data_after_recovery_survives_gc_of_the_old_nodes_objects(s3m):
+    a = s3m("--checkpoint-interval", "0", "--upload-delay", "0.2", name="a")
+    write_file(a.path("f1"), pattern(2 * MiB, 4))
+    a.cli("sync", a.mountpoint, "--wait", check=True)  # the checkpoint B recovers from
+    f1_objects = set(data_objects(a))
+    assert len(f1_objects) == 2
+    write_file(a.path("f2"), pattern(2 * MiB, 5))
+    wait_until(lambda: status(a)["dirty_bytes"] == 0, 20, "f2 to be uploaded")
+    a_objects = set(data_objects(a))
+    f2_objects = a_objects - f1_objects             # in the bucket, in no checkpoint
+    assert len(f2_objects) == 2
+    a.kill9()                                       # a dead node
+
+    b = s3m("--checkpoint-keep", "1", "--force", name="b")
+    assert not os.path.exists(b.path("f2"))         # created after the checkpoint
+    assert read_file(b.path("f1")) == pattern(2 * MiB, 4)
+    g = pattern(3 * MiB + 11, 6)
+    write_file(b.path("g"), g)
+    for _ in range(2):                              # keep + 1: A's checkpoint is pruned
+        b.cli("sync", b.mountpoint, "--wait", check=True)
+    wait_until(lambda: status(b)["gc_backlog_objects"] == 0, 20, "gc of A's stray objects")
+
+    # g must come back from the bucket intact: its objects were not deleted with A's.
+    b.cli("release", b.path("g"), check=True)
+    drop_page_cache(b.mountpoint)
+    assert read_file(b.path("g")) == g
+    assert read_file(b.path("f1")) == pattern(2 * MiB, 4)
+
+    objects = set(data_objects(b))
+    assert not objects & f2_objects                 # gc deleted A's stray objects
+    b_objects = objects - a_objects                 # g: 4 extents of 1 MiB
+    assert len(b_objects) == 4 and objects == f1_objects | b_objects, sorted(objects)
+    assert all(object_id(k) >= 1 << 32 for k in b_objects), sorted(b_objects)
+    assert min(map(object_id, b_objects)) > max(map(object_id, a_objects))
+
+
+# ---- a fenced mount leaves the bucket alone -------------------------------------------
+
+def checkpoints_taken(m) -> int:
+    res = m.cli("status", m.mountpoint, "--json")  # exits 3 on a fenced mount
+    return json.loads(res.stdout)["counters"].get("checkpoints", 0)
+
+
+def test_fenced_mount_takes_no_more_checkpoints(s3m):
+    a = s3m("--checkpoint-interval", "0.3", name="a")
+    a.allowed_log.append(TAKEN_OVER)
+    write_file(a.path("f"), b"from A")
+    a.cli("sync", a.mountpoint, "--wait", check=True)
+    b = s3m(name="b", start=False)
+    b.start("--force")
+    assert a.cli("sync", a.mountpoint, "--wait").returncode == 3   # fenced from here on
+    taken = checkpoints_taken(a)
+    # At most one checkpoint already under way may finish; none may start.
+    with pytest.raises(AssertionError, match="timed out"):
+        wait_until(lambda: checkpoints_taken(a) > taken + 1, 2.0,
+                   "a fenced mount to take another checkpoint", interval=0.2)
