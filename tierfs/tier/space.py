@@ -131,7 +131,9 @@ class Space:
         return True
 
     def release(self, n: int) -> None:
+        """An admitted fetch is installed (or failed): its room is evictable again."""
         self.reserved -= n
+        self._wake_writers()
 
     async def reserve(self, n: int) -> None:
         """Wait until `n` bytes of new hot data fit; ENOSPC if they never can or the
@@ -142,12 +144,13 @@ class Space:
                 return
             if self.evict(over) > 0:
                 continue
-            if not self.index.dirty:
+            if not self.index.dirty and not self.reserved:
                 # Only extents of writes waiting like this one may be left: take them
                 # (those writes fetch them again) rather than hold each other's room.
                 if self.evict(over, spare_busy=False) > 0:
                     continue
                 self._refuse("hot tier full: nothing left to upload or evict")
+            # Room comes from uploads (dirty extents) or from fetches being installed.
             now = time.monotonic()
             if self.stuck_since is None:
                 self.stuck_since = now
@@ -176,5 +179,8 @@ class Space:
     def uploaded(self) -> None:
         """An upload made an extent clean (evictable): wake waiting writers."""
         self.stuck_since = None
+        self._wake_writers()
+
+    def _wake_writers(self) -> None:
         self.room_freed.set()
         self.room_freed = trio.Event()

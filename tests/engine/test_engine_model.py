@@ -1,0 +1,266 @@
+"""The data engine without FUSE, over the in-memory bucket: random concurrent
+ops checked against a model (model.py), and one small deterministic test per
+suspect interleaving, held in place with store gates instead of sleeps."""
+from __future__ import annotations
+
+import errno
+from functools import partial
+
+import pytest
+import trio
+import trio.testing
+
+from tierfs.errors import FsError
+from tierfs.meta.schema import object_name
+
+from .harness import KiB, engine_stack, run, settle, until
+from .model import Config, Driver, ModelMismatch
+
+E = 64 * KiB
+A, B = b"A" * E, b"B" * E
+# The engine logs these on purpose when the store fails under raw faults.
+RAW_FAULT_LOGS = ("cold read of",)
+
+
+# ---- random ops against the model ---------------------------------------------------
+async def _random(tmp_path, cfg: Config, *, cache_extents: int, upload_delay: float,
+                  faults: dict | None, retry_timeout: float = 5.0):
+    async with engine_stack(tmp_path, extent_size=E, cache_size=cache_extents * E,
+                            upload_delay=upload_delay, faults=faults, seed=cfg.seed,
+                            retry_timeout=retry_timeout,
+                            allowed_errors=RAW_FAULT_LOGS if cfg.eio_ok else ()) as s:
+        driver = Driver(s, cfg)
+        await driver.run()
+        stats = s.engine.stats.counters
+        # The run did what it is for: data went cold and came back, under pressure.
+        assert stats["uploads"] and stats["evictions"] and stats["cold_reads"], dict(stats)
+        assert driver.counts["lane_write"] and driver.counts["truncate"], driver.counts
+        return driver
+
+
+RANDOM = [  # seed, hot tier in extents, concurrent tasks, upload delay, store latency
+    pytest.param(1, 4, 4, 0.0, 0.0, id="seed1-hot4-tasks4"),
+    pytest.param(2, 6, 3, 0.0, 0.002, id="seed2-hot6-tasks3-latency"),
+    pytest.param(3, 5, 4, 0.02, 0.001, id="seed3-hot5-delay20ms"),
+    pytest.param(4, 6, 4, 0.0, 0.003, id="seed4-hot6-latency3ms"),
+]
+
+
+@pytest.mark.parametrize("seed,hot,tasks,delay,latency", RANDOM)
+def test_random_ops_match_model(tmp_path, seed, hot, tasks, delay, latency):
+    cfg = Config(seed=seed, tasks=tasks)
+    run(partial(_random, tmp_path, cfg, cache_extents=hot, upload_delay=delay,
+                faults={"latency_s": latency}), timeout=30)
+
+
+def test_random_ops_with_retried_faults_and_outages(tmp_path):
+    """Transient errors and short outages behind the daemon's retries: no op may fail."""
+    cfg = Config(seed=11, outages=True, ops=300)
+    run(partial(_random, tmp_path, cfg, cache_extents=6, upload_delay=0.0,
+                faults={"fail_rate": 0.05, "latency_s": 0.001}), timeout=30)
+
+
+def test_random_ops_with_raw_faults(tmp_path):
+    """No retries: ops may fail with EIO, and then must have changed nothing. (No
+    outages here: without retries a blip fails every upload in flight, and the
+    uploader backs off for up to 30 s per the failures counted.)"""
+    cfg = Config(seed=12, ops=300, eio_ok=True)
+    driver = run(partial(_random, tmp_path, cfg, cache_extents=6, upload_delay=0.0,
+                         faults={"fail_rate": 0.03, "latency_s": 0.001}, retry_timeout=0),
+                 timeout=30)
+    assert driver.counts["EIO"], "no op met a store fault: the test checked nothing"
+
+
+def test_model_reports_a_wrong_read(tmp_path):
+    """The driver is not hollow: one flipped byte in one read fails the run, and the
+    message names seed, op, file, offset and the history."""
+    async def scenario():
+        async with engine_stack(tmp_path, extent_size=E, cache_size=6 * E,
+                                upload_delay=0) as s:
+            real_read, calls = s.engine.read, [0]
+
+            async def bad_read(ino, off, size):
+                data = bytearray(await real_read(ino, off, size))
+                calls[0] += 1
+                if calls[0] == 60 and data:
+                    data[len(data) // 2] ^= 1
+                return data
+
+            s.engine.read = bad_read
+            with pytest.raises(ModelMismatch) as err:
+                await Driver(s, Config(seed=5, ops=200)).run()
+            return str(err.value)
+
+    msg = run(scenario)
+    for part in ("seed 5 op #", " file m", "offset ", "first difference", "recent ops"):
+        assert part in msg, msg
+
+
+# ---- targeted interleavings ----------------------------------------------------------
+def _stack(tmp_path, **kw):
+    kw.setdefault("cache_size", 8 * E)
+    kw.setdefault("upload_delay", 0)
+    return engine_stack(tmp_path, extent_size=E, checkpoint_every=0, **kw)
+
+
+async def _read(s, ino, off, size, why):
+    try:
+        return bytes(await s.engine.read(ino, off, size))
+    except FsError as e:
+        raise AssertionError(f"{why}: read {off}+{size} failed with "
+                             f"{errno.errorcode.get(e.errno)} ({e})\n"
+                             f"{s.describe(ino, off // E)}") from None
+
+
+async def _cold(s, ino):
+    """Every extent of the file uploaded and dropped from the hot tier."""
+    await s.uploader.flush({ino})
+    s.evict_all()
+    assert not [i for i, x in s.meta.all_extents(ino).items() if x.hot]
+
+
+def _which(got: bytes) -> str:
+    return {A: "the OLD data", B: "the new data"}.get(got, f"other bytes ({got[:8]!r}...)")
+
+
+def test_upload_of_dropped_then_rewritten_extent_keeps_new_data(tmp_path):
+    """(a) Extent written once, upload in flight; truncated away and written once
+    again before the upload returns. Its write generation must not repeat."""
+    async def scenario():
+        async with _stack(tmp_path) as s:
+            ino = s.create()
+            put = s.gate.hold("put")
+            await s.engine.write(ino, 0, A)
+            await until(lambda: put.entered, what="the upload's PUT")
+            await s.engine.truncate(ino, 0)  # record and hot file gone, PUT still held
+            await s.engine.write(ino, 0, B)  # as many writes as the old content had
+            put.release()
+            await settle(s)
+            s.evict_all()
+            assert not s.record(ino, 0).hot
+            got = await _read(s, ino, 0, E, "after eviction")
+            assert got == B, (f"read back {_which(got)}: the upload of the truncated "
+                              f"content marked the rewritten extent clean")
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("via", ["read", "readahead"])
+def test_whole_overwrite_during_fetch_wins(tmp_path, via):
+    """(b) A write covering a whole cold extent while a fetch of it (a read's, or
+    readahead's) is in flight: the fetched old copy must not replace it."""
+    async def scenario():
+        async with _stack(tmp_path) as s:
+            ino = s.create()
+            for i in range(3):
+                await s.engine.write(ino, i * E, A)
+            await _cold(s, ino)
+            get = s.gate.hold("get", object_name(s.record(ino, 1).obj_id))
+            concurrent = []
+
+            async def reader():  # waits for the fetch of extent 1
+                concurrent.append(await _read(s, ino, E, E, "concurrent read"))
+
+            async with trio.open_nursery() as nursery:
+                if via == "read":
+                    nursery.start_soon(reader)
+                else:  # a sequential reader of extent 0: readahead fetches extent 1
+                    assert await _read(s, ino, 0, E, "extent 0") == A
+                await until(lambda: get.entered, what="the GET of extent 1")
+                await s.engine.write(ino, E, B)  # no fetch needed: covers it all
+                get.release()
+            # Concurrent with the write, the read may return either; nothing else.
+            assert all(got in (A, B) for got in concurrent), _which(concurrent[0])
+            await until(lambda: not s.fetches_in_flight(), what="the fetch to finish")
+            got = await _read(s, ino, E, E, "after the fetch finished")
+            assert got == B, f"read back {_which(got)}: the fetched copy won"
+            await _cold(s, ino)
+            got = await _read(s, ino, E, E, "from the bucket")
+            assert got == B, f"read back {_which(got)} from the bucket"
+
+    run(scenario)
+
+
+def test_truncate_down_during_upload(tmp_path):
+    """(c) A dirty extent cut short while its upload is in flight: the upload of
+    the longer content must not become the extent, nor its cut-off tail come back."""
+    async def scenario():
+        async with _stack(tmp_path) as s:
+            ino = s.create()
+            put = s.gate.hold("put")
+            await s.engine.write(ino, 0, A)
+            await until(lambda: put.entered, what="the upload's PUT")
+            cut = E // 2 + 3
+            await s.engine.truncate(ino, cut)
+            put.release()
+            await settle(s)
+            s.evict_all()
+            assert s.size(ino) == cut and not s.record(ino, 0).hot
+            assert await _read(s, ino, 0, E, "after eviction") == A[:cut]
+            await s.engine.truncate(ino, E)  # the cut-off tail must read as zeros
+            want = A[:cut] + bytes(E - cut)
+            assert await _read(s, ino, 0, E, "after truncating up") == want
+            await _cold(s, ino)
+            assert await _read(s, ino, 0, E, "from the bucket") == want
+
+    run(scenario)
+
+
+def test_full_dirty_hot_tier_writers_wait_for_uploads(tmp_path):
+    """(d) Hot tier full of dirty extents, upload delay 30 s: writers that need room
+    make them due at once, wait for the uploads and succeed (no ENOSPC)."""
+    async def scenario():
+        async with _stack(tmp_path, cache_size=4 * E, upload_delay=30) as s:
+            files = [s.create() for _ in range(3)]
+            for i in range(4):
+                await s.engine.write(files[0], i * E, A)
+            assert len(s.engine.index.dirty) == 4 and not s.uploader.in_flight
+
+            async def writer(ino, first):
+                for i in range(first, first + 4):
+                    await s.engine.write(ino, i * E, B)
+
+            with trio.fail_after(10):  # a third of the upload delay
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(writer, files[0], 4)
+                    nursery.start_soon(writer, files[1], 0)
+                    nursery.start_soon(writer, files[2], 0)
+            assert await _read(s, files[0], 0, 8 * E, "file 0") == A * 4 + B * 4
+            for ino in files[1:]:
+                assert await _read(s, ino, 0, 4 * E, "file") == B * 4
+
+    run(scenario)
+
+
+def test_fetch_reservations_do_not_refuse_writes(tmp_path):
+    """Fetches in flight have reserved the whole hot tier and nothing is dirty: a
+    writer must wait for them to land (then evict), not get ENOSPC."""
+    async def scenario():
+        async with _stack(tmp_path, cache_size=4 * E) as s:
+            src, dst = s.create(), s.create()
+            for i in range(6):
+                await s.engine.write(src, i * E, A)
+            await _cold(s, src)
+            installs = s.hold_hot_installs()
+            outcome = []
+
+            async def write():
+                try:
+                    outcome.append(await s.engine.write(dst, 0, b"x" * 100))
+                except FsError as e:
+                    outcome.append(e)
+
+            async with trio.open_nursery() as nursery:
+                for i in range(1, 5):  # not from 0: no readahead
+                    nursery.start_soon(s.engine.read, src, i * E, E)
+                await until(lambda: installs.entered == 4, what="4 fetches to be installing")
+                assert s.space.reserved == 4 * E and not s.engine.index.dirty, \
+                    s.describe_space()
+                nursery.start_soon(write)
+                await trio.testing.wait_all_tasks_blocked()
+                state = s.describe_space()
+                installs.release()
+            assert outcome == [100], (f"write with the room held by fetches in flight "
+                                      f"got {outcome[0]!r}; {state}")
+
+    run(scenario)
