@@ -196,6 +196,7 @@ def test_recover_command_into_new_cache_dir(s3m, tmp_path):
     assert read_file(a.path("f")) == pattern(2 * MiB + 5, 3)
 
 
+@pytest.mark.allow_log_errors  # the refused daemon logs its refusal
 def test_second_writer_refused_while_the_lease_is_held(s3m):
     """(Taking over with --force, and what the old mount then does: test_takeover.py.)"""
     a = s3m(name="a")
