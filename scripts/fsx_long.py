@@ -121,7 +121,10 @@ def counters_of(status: dict | None) -> dict:
     return out
 
 
-def run_one(name: str, seed: int, args, endpoint: str | None, workdir: str) -> dict:
+def run_one(name: str, seed: int, args, endpoint: str | None, workdir: str,
+            results: list[dict]) -> dict:
+    """One run; its result dict goes into `results` at once and is filled in as it
+    goes, so an interrupted run is reported too."""
     cfg = CONFIGS[name]
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if cfg["backend"] == "s3":
@@ -136,6 +139,7 @@ def run_one(name: str, seed: int, args, endpoint: str | None, workdir: str) -> d
     result = {"config": name, "seed": seed, "backend": cfg["backend"], "mount_args": cfg["args"],
               "file_mib": cfg["file_mib"], "weights": cfg["weights"], "ops_wanted": args.ops,
               "ops_done": 0, "outcome": "error", "workdir": workdir}
+    results.append(result)
     fsx = None
     t0 = time.monotonic()
     status = None
@@ -224,7 +228,8 @@ def main(argv=None) -> int:
     p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
                    help=f"comma-separated configuration names (default: "
                         f"{','.join(DEFAULT_CONFIGS)}; --list shows all)")
-    p.add_argument("--out", default="fsx_long.json", help="JSON summary path")
+    p.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "fsx_long.json"),
+                   help="JSON summary path (default: %(default)s)")
     p.add_argument("--check-every", type=int, default=1000,
                    help="full read-back of the file every N ops (0: only at the end)")
     p.add_argument("--max-len", type=int, default=1, help="largest op in MiB (default 1)")
@@ -279,13 +284,11 @@ def main(argv=None) -> int:
                     print(f"== {name} seed {seed} ({args.ops} ops, work dir {workdir})",
                           file=sys.stderr, flush=True)
                     try:
-                        r = run_one(name, seed, args, endpoint, workdir)
-                    except Interrupted:
-                        results.append({"config": name, "seed": seed, "outcome": "interrupted",
-                                        "ops_done": None, "ops_wanted": args.ops})
-                        raise
-                    results.append(r)
-                    print(line(r), flush=True)
+                        r = run_one(name, seed, args, endpoint, workdir, results)
+                    finally:
+                        if results and results[-1]["config"] == name \
+                                and results[-1]["seed"] == seed:
+                            print(line(results[-1]), flush=True)
                     if r["outcome"].startswith("pass") and not args.keep:
                         shutil.rmtree(workdir, ignore_errors=True)
                     write_summary()

@@ -31,6 +31,7 @@ import mmap
 import os
 import random
 import time
+from array import array
 from dataclasses import dataclass
 
 KiB = 1 << 10
@@ -99,6 +100,10 @@ class Fsx:
         self.ops_done = 0
         self.history: collections.deque[_Hist] = collections.deque(maxlen=history_len)
         self.counts: collections.Counter[str] = collections.Counter()
+        # Which op last changed each page of the file (and what that op was), to name
+        # the culprit of a mismatch older than the history window.
+        self.changed_by = array("q", [-1]) * (max_size // mmap.PAGESIZE + 2)
+        self.op_text: dict[int, str] = {}
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | (os.O_TRUNC if create else 0), 0o644)
 
     def _ops(self) -> dict:
@@ -150,6 +155,20 @@ class Fsx:
     def note(self, text: str, lo: int = -1, hi: int = -1, read: bool = False,
              data: bytes | None = None) -> None:
         self.history.append(_Hist(self.op, text, lo, hi, read, data))
+        if not read and 0 <= lo < hi:
+            a, b = lo // mmap.PAGESIZE, (hi - 1) // mmap.PAGESIZE + 1
+            self.changed_by[a:b] = array("q", [self.op]) * (b - a)
+            self.op_text[self.op] = text
+
+    def _last_change(self, at: int) -> str:
+        page = at // mmap.PAGESIZE
+        if not 0 <= page < len(self.changed_by):
+            return ""
+        op = self.changed_by[page]
+        if op < 0:
+            return f"the page of offset {at} was never written\n"
+        return (f"the page of offset {at} was last changed by op #{op} "
+                f"({self.op_text.get(op, '?')})\n")
 
     def _whose(self, at: int, got: bytes) -> str:
         """Which recent write put `got` at file offset `at` (if one did)."""
@@ -227,6 +246,7 @@ class Fsx:
                  f"({end - bad} bytes), {ndiff} differing bytes in this read\n")
         if bad < n:
             extra += self._whose(off + bad, bytes(got[bad:min(end, bad + 64)]))
+        extra += self._last_change(off + bad)
         self.fail(f"{how} off={off} len={len(got)}: first difference at file offset "
                   f"{off + bad} (got {got[bad:bad + 8].hex() or 'EOF'}, expected "
                   f"{want[bad:bad + 8].hex() or 'EOF'})", kind="mismatch" if bad < n else "short",
@@ -316,6 +336,7 @@ class Fsx:
             done += got
         if how != "copy_file_range":
             self.history[-1].text += f" [{how}]"
+            self.op_text[self.op] = self.history[-1].text
         self.model_extend(dst)
         self.model[dst:dst + n] = self.model[src:src + n]
 

@@ -6,7 +6,7 @@ test_fsx: the original short cases. Sizes cross several 4 MiB extent boundaries
 the kernel's page cache is dropped now and then so reads reach the daemon.
 
 test_fsx_evicting: the regime of the bug reports, cut down for CI. The file is
-several times the hot tier (1 MiB extents, a 4-8 MiB hot tier, a 24-32 MiB
+several times the hot tier (1 MiB extents, a 3-8 MiB hot tier, a 24-32 MiB
 file), uploads start 50 ms after a write, metadata checkpoints only at unmount
 (or every second), and the mix has mmap writes with msync, copy_file_range,
 truncates down and up around extent boundaries, reads and writes of up to 1 MiB,
