@@ -128,7 +128,7 @@ class Daemon:
                 raise UserError(f"cannot serve metrics on {cfg.metrics_addr}:{cfg.metrics_port} "
                                 f"({e.strerror}): choose another --metrics-port") from None
         self.ops = Operations(self.meta, self.engine, timeout=cfg.attr_timeout,
-                              control=self.control, state=self.state)
+                              control=self.control)
         self.ops.enable_writeback_cache = cfg.writeback_cache
         self.ops.xattrs = cfg.xattr
 
@@ -220,8 +220,7 @@ class Daemon:
         """What `tierfs umount` tells the user once this daemon is gone."""
         index = self.engine.index
         report = {"pid": os.getpid(), "dirty_bytes": index.dirty_bytes,
-                  "dirty_extents": len(index.dirty), "fenced_by": self.state.fenced_by,
-                  "cold": self.cold.describe()}
+                  "dirty_extents": len(index.dirty), "fenced_by": self.state.fenced_by}
         exit_report.write(self.cfg.cache_dir, report)
 
     async def _announce_ready(self, on_ready) -> None:

@@ -119,6 +119,15 @@ async def _cold(s, ino):
     assert not [i for i, x in s.meta.all_extents(ino).items() if x.hot]
 
 
+async def _upload_in_flight(s):
+    """A new file whose first extent (A) is uploading, its PUT held by the gate."""
+    ino = s.create()
+    put = s.gate.hold("put")
+    await s.engine.write(ino, 0, A)
+    await until(lambda: put.entered, what="the upload's PUT")
+    return ino, put
+
+
 def _which(got: bytes) -> str:
     return {A: "the OLD data", B: "the new data"}.get(got, f"other bytes ({got[:8]!r}...)")
 
@@ -128,10 +137,7 @@ def test_upload_of_dropped_then_rewritten_extent_keeps_new_data(tmp_path):
     again before the upload returns. Its write generation must not repeat."""
     async def scenario():
         async with _stack(tmp_path) as s:
-            ino = s.create()
-            put = s.gate.hold("put")
-            await s.engine.write(ino, 0, A)
-            await until(lambda: put.entered, what="the upload's PUT")
+            ino, put = await _upload_in_flight(s)
             await s.engine.truncate(ino, 0)  # record and hot file gone, PUT still held
             await s.engine.write(ino, 0, B)  # as many writes as the old content had
             put.release()
@@ -186,10 +192,7 @@ def test_truncate_down_during_upload(tmp_path):
     the longer content must not become the extent, nor its cut-off tail come back."""
     async def scenario():
         async with _stack(tmp_path) as s:
-            ino = s.create()
-            put = s.gate.hold("put")
-            await s.engine.write(ino, 0, A)
-            await until(lambda: put.entered, what="the upload's PUT")
+            ino, put = await _upload_in_flight(s)
             cut = E // 2 + 3
             await s.engine.truncate(ino, cut)
             put.release()

@@ -76,11 +76,11 @@ class Operations(pyfuse3.Operations):
     xattrs = True
 
     def __init__(self, meta: MetaStore, engine: Engine, *, timeout: float = 60.0,
-                 control=None, state=None):
+                 control=None):
         super().__init__()
         self.meta = meta
         self.engine = engine
-        self.state = state or engine.state  # fenced: every change is refused (EROFS)
+        self.state = engine.state  # fenced: every change is refused (EROFS)
         self.timeout = timeout
         self.control = control  # answers the user.tierfs.* virtual xattrs
         self.stats = engine.stats

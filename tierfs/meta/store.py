@@ -64,7 +64,7 @@ class MetaStore:
         # no checkpoint can hold them, so once dropped they may go at once. In memory
         # only: after a restart every object waits for the checkpoints (safe side).
         self._fresh: set[int] = set()
-        self.copying = False  # a checkpoint copy is being taken: nothing is fresh
+        self._copying = False  # between begin_epoch() and copy_taken(): nothing is fresh
 
     # ---- lifecycle ------------------------------------------------------------
     def close(self) -> None:
@@ -138,12 +138,19 @@ class MetaStore:
 
     @_grows_when_full
     def begin_epoch(self) -> int:
-        """Start checkpoint epoch N+1: objects dropped from now on may be in it."""
+        """Start checkpoint epoch N+1: objects dropped from now on may be in it, and
+        so may objects referenced until copy_taken() says its copy is done."""
         with self._write() as txn:
             self.epoch += 1
             txn.put(s.counter_key(b"epoch"), s.u64(self.epoch))
         self._fresh.clear()
+        self._copying = True
         return self.epoch
+
+    def copy_taken(self) -> None:
+        """The checkpoint copy of this epoch is taken (or failed): objects referenced
+        from now on are in no checkpoint."""
+        self._copying = False
 
     def _drop_object(self, txn, obj, referenced: bool = True) -> None:
         """Queue an object for deletion: `obj` is an id or (id, bytes). One that no
@@ -582,7 +589,7 @@ class MetaStore:
                 self._drop_object(txn, obj)
             for obj in uploaded:
                 txn.delete(s.intent_key(obj))
-                if not self.copying:
+                if not self._copying:
                     self._fresh.add(obj)
             for obj in unreferenced:
                 txn.delete(s.intent_key(obj))

@@ -111,8 +111,6 @@ class Checkpointer:
     async def checkpoint(self) -> int:
         async with self._lock:
             engine = self.engine
-            # Objects referenced from here until the copy is taken may be in it.
-            engine.meta.copying = True
             seq = engine.meta.begin_epoch()
             t0 = time.monotonic()
             engine.meta.thread_readers += 1  # the map must not grow under the copy
@@ -121,7 +119,7 @@ class Checkpointer:
                                                    limiter=engine.io_limiter)
             finally:
                 engine.meta.thread_readers -= 1
-                engine.meta.copying = False
+                engine.meta.copy_taken()
             blob = await trio.to_thread.run_sync(pack, seq, db)
             if not await trio.to_thread.run_sync(self.still_ours, abandon_on_cancel=True):
                 raise Fenced("taken over: no more checkpoints from this node")

@@ -330,16 +330,12 @@ class Engine:
         hot file appeared meanwhile (a write covering the whole extent, a truncate
         and a rewrite). Otherwise the copy is stale and newer data must win."""
         key = (ino, idx)
-        try:
-            _node, exts = self.meta.get_extents(ino, idx, idx)
-        except FsError:  # the inode was purged meanwhile
-            exts = {}
-        if exts.get(idx) != fetched or key in self.index.sizes:
+        if key in self.index.sizes or not self.meta.put_extent_if(
+                ino, idx, fetched, replace(fetched, flags=fetched.flags | HOT)):
             self.hot.discard_temp(tmp)
             self.stats.inc("fetch_superseded")
             return
         self.hot.install_temp(tmp, ino, idx)
-        self.meta.update(None, {key: replace(fetched, flags=fetched.flags | HOT)})
         self.index.add(key, size, dirty=False, pinned=fetched.pinned)
         self.verified.add(key)
 

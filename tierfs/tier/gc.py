@@ -42,19 +42,20 @@ class GarbageCollector:
         if not ids:
             return 0
 
-        def delete_all():
+        def delete_all() -> bool:
             if not self.still_ours():
-                return
+                return False  # taken over: the lease check fenced this node
             for obj_id in ids:
                 cold.delete(object_name(obj_id))
+            return True
 
         try:
-            await trio.to_thread.run_sync(delete_all, limiter=self.engine.s3_limiter,
-                                          abandon_on_cancel=True)
+            deleted = await trio.to_thread.run_sync(delete_all, limiter=self.engine.s3_limiter,
+                                                    abandon_on_cancel=True)
         except ColdStoreError as e:
             log.warning("gc: deleting objects failed (%s); will retry", e)
             return 0
-        if self.paused():  # fenced while checking: nothing was deleted
+        if not deleted:
             return 0
         meta.gc_done(ids)
         self.engine.stats.inc("gc_deleted", len(ids))
