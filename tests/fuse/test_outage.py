@@ -126,9 +126,11 @@ def test_outage_keeps_hot_data_and_metadata_working(broken):
 @pytest.mark.allow_log_errors
 def test_full_hot_tier_during_outage_refuses_writes_after_the_bound(broken):
     m = broken
-    write_file(m.path("hot"), pattern(MiB, 8))
-    m.cli("sync", m.mountpoint, "--wait", check=True)
     set_faults(m.faults, m.fault)
+    # Written during the outage, "hot" stays dirty, so the full hot tier cannot
+    # evict it (a clean file may rightly be evicted to make room, and reading it
+    # back would then need the broken bucket).
+    write_file(m.path("hot"), pattern(MiB, 8))
     # 32 MiB into an 8 MiB hot tier that cannot upload: the writer must get an
     # error (ENOSPC, or EIO for pages the kernel could not write back) and return.
     res = subprocess.run([sys.executable, "-c", FILLER, m.path("big"), str(32 * MiB)],
@@ -141,6 +143,8 @@ def test_full_hot_tier_during_outage_refuses_writes_after_the_bound(broken):
             f.write(os.urandom(2 * MiB))
             os.fsync(f.fileno())
     assert err.value.errno in (errno.ENOSPC, errno.EIO)
+    drop_page_cache(m.path("hot"))
+    assert direct_read(m.path("hot")) == pattern(MiB, 8)[:4096]
     assert read_file(m.path("hot")) == pattern(MiB, 8)
     assert status(m)["counters"]["enospc"] >= 1
     # Once the bucket is back, writers get room again.
