@@ -14,10 +14,10 @@ from tierfs.client import daemon_info
 from tierfs.mountpoint import mounts
 
 
-def run_cli(*args, env=None, timeout=120, check=False) -> subprocess.CompletedProcess:
+def run_cli(*args, env=None, timeout=120, check=False, cwd=None) -> subprocess.CompletedProcess:
     """Run `tierfs ARGS` as a user would (a separate process)."""
     res = subprocess.run([sys.executable, "-m", "tierfs", *map(str, args)], capture_output=True,
-                         text=True, env=env, timeout=timeout)
+                         text=True, env=env, timeout=timeout, cwd=cwd)
     if check and res.returncode != 0:
         raise AssertionError(f"tierfs {' '.join(map(str, args))} failed "
                              f"({res.returncode}): {res.stderr}{res.stdout}")

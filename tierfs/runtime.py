@@ -2,6 +2,7 @@
 in one trio nursery and shut down cleanly on unmount or signal."""
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -34,10 +35,19 @@ log = logging.getLogger("tierfs")
 
 def lock_cache_dir(cache_dir: str) -> int:
     """Hold an exclusive lock on the cache dir for the daemon's lifetime."""
+    if os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
+        raise UserError(f"cache dir {cache_dir} is a file, not a directory: choose a "
+                        f"directory for --cache-dir")
     try:
         os.makedirs(cache_dir, exist_ok=True)
     except OSError as e:
+        if e.errno == errno.EROFS:
+            raise UserError(f"cannot create cache dir {cache_dir}: its filesystem is "
+                            f"read-only; choose a --cache-dir on a writable disk") from None
         raise UserError(f"cannot create cache dir {cache_dir}: {e.strerror}") from None
+    if os.statvfs(cache_dir).f_flag & os.ST_RDONLY:
+        raise UserError(f"cache dir {cache_dir} is on a read-only filesystem: remount it "
+                        f"read-write or choose a --cache-dir on a writable disk")
     if not os.access(cache_dir, os.W_OK | os.X_OK):
         raise UserError(f"cache dir {cache_dir} is not writable: fix its permissions or "
                         f"choose another --cache-dir")
@@ -79,6 +89,7 @@ class Daemon:
         self.lease = None
         self.mounted = False
         self._registered: str | None = None  # registry entry of a --no-xattr mount
+        self.on_cache_dir_locked = lambda: None  # the daemon's log starts here
 
     def prepare(self) -> None:
         """Everything that can fail with a user error, before mounting."""
@@ -90,6 +101,7 @@ class Daemon:
         check_fuse_available()
         self.notes += check_mountpoint(cfg.mountpoint)
         self._lock_fd = lock_cache_dir(cfg.cache_dir)
+        self.on_cache_dir_locked()
         self.cold = open_cold(cfg, self.stats)
         self.meta, self.sb, self.lease, notes = attach(cfg, self.cold, force=cfg.force,
                                                        state=self.state)

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import boto3
 import pytest
 
 from tests.harness import run_cli
+from tierfs.mountpoint import mounts
 from tests.moto_server import free_port, s3_env
 
 
@@ -47,12 +50,77 @@ def test_already_mounted(mnt, tmp_path):
     assert_clean_error(res, "is already mounted", "tierfs umount")
 
 
-@pytest.mark.allow_log_errors  # the refused mount logs its reason
 def test_cache_dir_locked_by_another_daemon(mnt, tmp_path):
     (tmp_path / "mnt2").mkdir()
+    before = mnt.log()
     res = run_cli(*mount_args(tmp_path, mp=str(tmp_path / "mnt2"), cold=mnt.cold_url,
                               cache=mnt.cache_dir))
     assert_clean_error(res, "in use by another tierfs daemon", f"pid {mnt.pid}")
+    # The refusal is the caller's business: the live daemon's log gets nothing.
+    assert mnt.log() == before
+
+
+def test_mounting_a_live_mount_again_leaves_its_log_alone(mnt):
+    before = mnt.log()
+    res = run_cli(*mount_args(os.path.dirname(mnt.mountpoint), mp=mnt.mountpoint,
+                              cold=mnt.cold_url, cache=mnt.cache_dir))
+    assert_clean_error(res, "is already mounted")
+    assert mnt.log() == before
+
+
+def test_cache_dir_is_a_file(tmp_path):
+    (tmp_path / "mnt").mkdir()
+    (tmp_path / "cache").write_text("x")
+    assert_clean_error(run_cli(*mount_args(tmp_path)), "is a file, not a directory")
+
+
+def test_cache_dir_on_a_read_only_filesystem(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    (tmp_path / "mnt").mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(ro)], check=True)
+    try:
+        (ro / "cache").mkdir()
+        subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
+        res = run_cli(*mount_args(tmp_path, cache=str(ro / "cache")))
+        assert_clean_error(res, "read-only filesystem", "remount it read-write")
+        res = run_cli(*mount_args(tmp_path, cache=str(ro / "new-cache")))
+        assert_clean_error(res, "read-only", "writable disk")
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)
+
+
+def test_mount_works_from_a_directory_holding_a_tierfs_folder(mount_factory, tmp_path):
+    # E.g. the parent of a clone: `python -m tierfs` there must not run ./tierfs.
+    here = tmp_path / "here"
+    (here / "tierfs").mkdir(parents=True)
+    (here / "tierfs" / "__main__.py").write_text("raise SystemExit(7)\n")
+    m = mount_factory(start=False)
+    tierfs = os.path.join(os.path.dirname(sys.executable), "tierfs")  # the installed command
+    res = subprocess.run([tierfs, "mount", m.cold_url, m.mountpoint, "--cache-dir",
+                          m.cache_dir], capture_output=True, text=True, cwd=here, timeout=120)
+    assert res.returncode == 0, res.stderr
+    m.pid = m.daemon_pid()
+    # The daemon does not keep the caller's directory busy either.
+    assert os.readlink(f"/proc/{m.pid}/cwd") == "/"
+    with open(m.path("f"), "w") as f:
+        f.write("ok")
+    with open(m.path("f")) as f:
+        assert f.read() == "ok"
+
+
+def test_daemon_dying_before_it_can_log_shows_why(tmp_path):
+    # A broken install: the daemon cannot even import its FUSE binding.
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "pyfuse3.py").write_text("raise ImportError('pyfuse3 is broken here')\n")
+    (tmp_path / "mnt").mkdir()
+    env = dict(os.environ, PYTHONPATH=str(fake))
+    res = subprocess.run([sys.executable, "-m", "tierfs", *mount_args(tmp_path)],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert_clean_error(res, "exited with status 1 before mounting",
+                       "ImportError: pyfuse3 is broken here")
+    assert str(tmp_path / "mnt") not in mounts()
 
 
 def test_cache_dir_not_creatable(tmp_path):
@@ -108,8 +176,7 @@ def test_fusermount3_missing(tmp_path):
     bindir = tmp_path / "bin"
     bindir.mkdir()
     env = dict(os.environ, PATH=str(bindir))
-    import sys
-    res = __import__("subprocess").run([sys.executable, "-m", "tierfs", *mount_args(tmp_path)],
+    res = subprocess.run([sys.executable, "-m", "tierfs", *mount_args(tmp_path)],
                                        capture_output=True, text=True, env=env)
     assert_clean_error(res, "fusermount3 not found", "apt-get install fuse3")
 
@@ -127,6 +194,28 @@ def test_stale_mount_after_kill9_is_cleaned(mnt):
 
 def test_umount_not_mounted(tmp_path):
     assert_clean_error(run_cli("umount", str(tmp_path)), "is not mounted")
+
+
+def test_umount_of_a_path_that_does_not_exist(tmp_path):
+    assert_clean_error(run_cli("umount", str(tmp_path / "nope")), "does not exist")
+
+
+def test_umount_of_a_directory_inside_a_mount(mnt):
+    os.mkdir(mnt.path("sub"))
+    res = run_cli("umount", mnt.path("sub"))
+    assert_clean_error(res, "is inside the tierfs mount at", f"tierfs umount {mnt.mountpoint}")
+    assert mnt.mounted
+
+
+def test_status_into_a_closed_pipe_is_quiet(mnt):
+    r, w = os.pipe()
+    os.close(r)  # like `| head` that has stopped reading
+    try:
+        res = subprocess.run([sys.executable, "-m", "tierfs", "status", mnt.mountpoint],
+                             stdout=w, stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(w)
+    assert res.returncode == 0 and res.stderr == ""
 
 
 def test_umount_busy(mnt):

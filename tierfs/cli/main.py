@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .. import __version__
@@ -67,7 +68,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _run(sys.argv[1:] if argv is None else argv)
+    except BrokenPipeError:  # output piped into head & co., which stopped reading
+        # Python would complain again when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _run(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "mount":
@@ -93,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"tierfs: {e}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        raise
     except OSError as e:  # a path the user named: missing, or on a dead mount
         if e.errno in DEAD_MOUNT:
             print(f"tierfs: the daemon serving {e.filename} has died: run tierfs umount on "
@@ -102,7 +113,4 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:  # output piped into head & co.
-        sys.stderr.close()
-        return 0
     return 2

@@ -6,6 +6,7 @@ import logging.handlers
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 from .. import exit_report
@@ -18,23 +19,46 @@ READY_ENV = "TIERFS_READY_FD"
 log = logging.getLogger("tierfs")
 
 
-def setup_logging(cfg: MountConfig) -> None:
-    root = logging.getLogger()
-    root.setLevel(cfg.log_level.upper())
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        os.makedirs(cfg.cache_dir, exist_ok=True)
-        fh = logging.handlers.RotatingFileHandler(
-            os.path.join(cfg.cache_dir, "tierfs.log"), maxBytes=16 << 20, backupCount=3)
-        fh.setFormatter(fmt)
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class DaemonLog:
+    """The daemon's log. Records are held in memory until the cache dir is locked
+    by this daemon: a refused mount (cache dir in use, mount point already
+    mounted) must not write its refusal into the log of the live daemon that
+    owns that cache dir. The refusal goes to the caller's terminal instead."""
+
+    def __init__(self, cfg: MountConfig):
+        self.cfg = cfg
+        self.path = os.path.join(cfg.cache_dir, "tierfs.log")
+        self.attached = False
+        root = logging.getLogger()
+        root.setLevel(cfg.log_level.upper())
+        self._held = logging.handlers.MemoryHandler(capacity=1 << 20,
+                                                    flushLevel=logging.CRITICAL + 1)
+        root.addHandler(self._held)
+        if cfg.foreground and not os.environ.get(READY_ENV):
+            sh = logging.StreamHandler(sys.stderr)
+            sh.setFormatter(logging.Formatter(LOG_FORMAT))
+            sh.setLevel(logging.WARNING)
+            root.addHandler(sh)
+
+    def attach(self) -> None:
+        """Start writing to CACHE_DIR/tierfs.log, beginning with the held records."""
+        if self.attached:
+            return
+        try:
+            fh = logging.handlers.RotatingFileHandler(self.path, maxBytes=16 << 20,
+                                                      backupCount=3)
+        except OSError:
+            return  # the cache dir checks report this with a clear message
+        fh.setFormatter(logging.Formatter(LOG_FORMAT))
+        self._held.setTarget(fh)
+        self._held.flush()
+        root = logging.getLogger()
+        root.removeHandler(self._held)
         root.addHandler(fh)
-    except OSError:
-        pass  # reported by the cache dir checks with a clear message
-    if cfg.foreground and not os.environ.get(READY_ENV):
-        sh = logging.StreamHandler(sys.stderr)
-        sh.setFormatter(fmt)
-        sh.setLevel(logging.WARNING)
-        root.addHandler(sh)
+        self.attached = True
 
 
 def run_daemon(cfg: MountConfig) -> int:
@@ -56,8 +80,13 @@ def run_daemon(cfg: MountConfig) -> int:
         else:
             print(message[3:], flush=True)
 
-    setup_logging(cfg)
-    daemon = Daemon(cfg)
+    cfg.cache_dir = os.path.abspath(cfg.cache_dir)
+    if cfg.fault_file:
+        cfg.fault_file = os.path.abspath(cfg.fault_file)
+    daemon_log = DaemonLog(cfg)
+    daemon = Daemon(cfg)  # makes every path absolute...
+    os.chdir("/")  # ...so the daemon does not keep the caller's directory busy
+    daemon.on_cache_dir_locked = daemon_log.attach
     try:
         daemon.prepare()
         daemon.mount()
@@ -65,7 +94,7 @@ def run_daemon(cfg: MountConfig) -> int:
         log.info("mounting %s on %s", cfg.cold_url, cfg.mountpoint)
         trio.run(daemon.run, lambda: report(
             f"OK {notes}mounted {daemon.cold.describe()} on {cfg.mountpoint} "
-            f"(daemon pid {os.getpid()}, log {os.path.join(cfg.cache_dir, 'tierfs.log')})"))
+            f"(daemon pid {os.getpid()}, log {daemon_log.path})"))
         log.info("unmounted cleanly")
         return 0
     except UserError as e:
@@ -73,9 +102,9 @@ def run_daemon(cfg: MountConfig) -> int:
         report(f"ERR {e}")
         return 1
     except BaseException as e:
+        daemon_log.attach()  # a bug is worth logging wherever it happened
         log.exception("daemon failed")
-        report(f"ERR internal error: {type(e).__name__}: {e} "
-               f"(details in {os.path.join(cfg.cache_dir, 'tierfs.log')})")
+        report(f"ERR internal error: {type(e).__name__}: {e} (details in {daemon_log.path})")
         return 1
     finally:
         daemon.close()
@@ -87,22 +116,29 @@ def spawn_daemon(argv: list[str]) -> int:
     """Start the daemon in the background and wait until it is mounted or failed."""
     r, w = os.pipe()
     env = dict(os.environ, **{READY_ENV: str(w)})
-    proc = subprocess.Popen([sys.executable, "-m", "tierfs", *argv, "--foreground"],
-                            pass_fds=(w,), env=env, start_new_session=True,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        message = f.read().decode(errors="replace").strip()
-    if message.startswith("OK"):
-        print(message[3:])
-        return 0
-    proc.wait()
+    # -P: a ./tierfs folder in the caller's directory must not shadow the package.
+    # The daemon's stderr is kept: a daemon that dies before it can log or report
+    # (a broken install) says why only there.
+    with tempfile.TemporaryFile() as stderr:
+        proc = subprocess.Popen([sys.executable, "-P", "-m", "tierfs", *argv, "--foreground"],
+                                pass_fds=(w,), env=env, start_new_session=True,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=stderr)
+        os.close(w)
+        with os.fdopen(r, "rb") as f:
+            message = f.read().decode(errors="replace").strip()
+        if message.startswith("OK"):
+            print(message[3:])
+            return 0
+        proc.wait()
+        stderr.seek(0)
+        last = [ln for ln in stderr.read().decode(errors="replace").splitlines() if ln.strip()]
     if message.startswith("ERR "):
         print(f"tierfs: {message[4:]}", file=sys.stderr)
     else:
-        print(f"tierfs: the daemon exited with status {proc.returncode} before mounting; "
-              f"see tierfs.log in the cache dir", file=sys.stderr)
+        why = last[-1].strip() if last else "it printed nothing"
+        print(f"tierfs: the daemon exited with status {proc.returncode} before mounting: "
+              f"{why}", file=sys.stderr)
     return 1
 
 
@@ -121,11 +157,25 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+def _not_a_mount(path: str, table: dict[str, str]) -> str:
+    """Why `path` cannot be unmounted, for a path that is no mount point."""
+    if not os.path.lexists(path):
+        return f"{path} does not exist: give the mount point of a tierfs mount"
+    inside = [m for m, t in table.items() if t == "fuse.tierfs"
+              and os.path.commonpath([m, path]) == m]
+    if inside:
+        top = max(inside, key=len)
+        return (f"{path} is inside the tierfs mount at {top}, not its mount point: "
+                f"tierfs umount {top}")
+    return f"{path} is not mounted (no filesystem is mounted on it)"
+
+
 def umount(mountpoint: str, timeout: float = 3600.0) -> int:
     mp = os.path.abspath(mountpoint)
-    fstype = mounts().get(mp)
+    table = mounts()
+    fstype = table.get(mp)
     if fstype is None:
-        raise UserError(f"{mp} is not mounted")
+        raise UserError(_not_a_mount(mp, table))
     if fstype != "fuse.tierfs":
         raise UserError(f"{mp} is a {fstype} mount, not tierfs")
     try:

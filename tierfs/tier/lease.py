@@ -76,7 +76,10 @@ class Lease:
             return None  # a damaged lease protects nothing
 
     def _write(self) -> None:
-        self.cold.put(LEASE_KEY, json.dumps({**self.me, "expires": time.time() + self.ttl}).encode())
+        now = time.time()
+        self.cold.put(LEASE_KEY, json.dumps(
+            {**self.me, "renewed": now, "renew_every": self.ttl / 3,
+             "expires": now + self.ttl}).encode())
 
     def acquire(self, force: bool = False) -> str | None:
         """Take the lease (blocking). Returns a note if a lease was taken over."""
@@ -86,12 +89,20 @@ class Lease:
             left = cur.get("expires", 0) - time.time()
             holder = self.describe(cur)
             if left > 0 and not force:
-                raise UserError(f"{self.cold.describe()} is mounted read-write by {holder} for "
-                                f"another {left:.0f}s: unmount it there, or add --force if that "
-                                f"node is dead")
+                raise UserError(self._refusal(cur, left))
             note = f"took over the lease of {holder}"
         self._write()
         return note
+
+    def _refusal(self, cur: dict, left: float) -> str:
+        """Why a live lease keeps this node out. A holder that is alive renews the
+        lease long before it lapses, so the lapse time only matters for a dead one."""
+        every = cur.get("renew_every", self.ttl / 3)
+        renewed = time.time() - cur.get("renewed", cur.get("expires", 0) - self.ttl)
+        return (f"{self.cold.describe()} is mounted read-write by {self.describe(cur)}, "
+                f"which renewed its lease {max(renewed, 0):.0f}s ago (it renews every "
+                f"{every:.0f}s while alive): unmount it there; if that node is dead, its "
+                f"lease lapses in {left:.0f}s, or add --force to take over now")
 
     def still_mine(self) -> bool:
         """Read the lease (blocking); fence this node if another one holds it."""
