@@ -51,14 +51,20 @@ class DaemonCollector:
                                        labels=["op"])
         errors = CounterMetricFamily("tierfs_s3_errors", "Object store errors",
                                      labels=["op", "type"])
+        not_found = CounterMetricFamily(
+            "tierfs_s3_not_found", "Expected 'no such object' answers (not errors)",
+            labels=["op"])
         for key, value in counters.items():
             if key.startswith("s3_requests:"):
                 requests.add_metric([key.split(":", 1)[1]], value)
+            elif key.startswith("s3_not_found:"):
+                not_found.add_metric([key.split(":", 1)[1]], value)
             elif key.startswith("s3_errors:"):
                 _, op, kind = key.split(":", 2)
                 errors.add_metric([op, kind], value)
         yield requests
         yield errors
+        yield not_found
 
         index = d.engine.index
         hot_b, miss_b = counters.get("hot_read_bytes", 0), counters.get("miss_read_bytes", 0)
@@ -66,7 +72,10 @@ class DaemonCollector:
             ("tierfs_hot_bytes", "Bytes on the hot tier", index.total),
             ("tierfs_dirty_bytes", "Bytes not uploaded yet (upload backlog)", index.dirty_bytes),
             ("tierfs_hot_limit_bytes", "Hot tier high watermark", d.space.high),
-            ("tierfs_uploads_in_flight", "Uploads under way", len(d.uploader.in_flight)),
+            ("tierfs_uploads_running", "Uploads under way (at most --upload-parallel)",
+             d.uploader.limit.borrowed_tokens),
+            ("tierfs_uploads_queued", "Extents handed to the uploader waiting for a slot",
+             max(0, len(d.uploader.in_flight) - d.uploader.limit.borrowed_tokens)),
             ("tierfs_hit_ratio", "Share of bytes read served from the hot tier",
              hot_b / (hot_b + miss_b) if hot_b + miss_b else 0.0),
         ]

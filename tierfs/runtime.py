@@ -119,7 +119,7 @@ class Daemon:
                 self.engine.drop_inode(ino)
         self.space = Space(self.engine, cache_size=cfg.cache_size, min_free=cfg.min_free,
                            policy=cfg.cache_policy, wait_limit=cfg.write_wait)
-        check_cache_size(self.space.high, self.sb.extent_size)
+        check_cache_size(self.space, self.sb.extent_size)
         self.engine.space = self.space
         self.uploader = Uploader(self.engine, self.space, delay=cfg.upload_delay,
                                  parallel=cfg.upload_parallel)
@@ -214,6 +214,7 @@ class Daemon:
             async with trio.open_nursery() as nursery:
                 self.engine.nursery = nursery
                 nursery.start_soon(self.uploader.run)
+                nursery.start_soon(self._report_flush_progress)
                 await self.uploader.flush(None)
                 try:
                     await self.checkpointer.checkpoint()
@@ -227,6 +228,20 @@ class Daemon:
             log.warning("%d extents still dirty at exit; they upload on the next mount",
                         len(self.engine.index.dirty))
         self._write_exit_report()
+
+    async def _report_flush_progress(self) -> None:
+        """While unmount uploads, tell `tierfs umount` (which waits for this pid
+        and shows progress on a terminal) how much is left."""
+        index = self.engine.index
+        start = index.dirty_bytes
+        deadline = trio.current_time() + self.cfg.unmount_upload_timeout
+        while index.dirty:
+            report = {"pid": os.getpid(), "stopping": True, "start_dirty_bytes": start,
+                      "dirty_bytes": index.dirty_bytes, "dirty_extents": len(index.dirty),
+                      "seconds_left": max(0.0, deadline - trio.current_time()),
+                      "fenced_by": None}
+            await trio.to_thread.run_sync(exit_report.write, self.cfg.cache_dir, report)
+            await trio.sleep(0.25)
 
     def _write_exit_report(self) -> None:
         """What `tierfs umount` tells the user once this daemon is gone."""

@@ -260,7 +260,7 @@ def test_scrub_replaces_damaged_hot_copy(s3m):
         f.write(b"\x00rot\x00")
     res = m.cli("scrub", m.mountpoint)
     assert res.returncode == 0, res.stderr
-    assert "1 damaged hot copies replaced" in res.stdout and "0 damaged objects" in res.stdout
+    assert "1 damaged hot copy replaced" in res.stdout and "0 damaged objects" in res.stdout
     drop_page_cache(m.mountpoint)
     assert read_file(m.path("f")) == data
 

@@ -73,9 +73,8 @@ def test_write_sync_release_read_back(s3m):
     assert len(data_objects(m)) == 6
     res = m.cli("release", m.path("f"), check=True)
     assert "released 5.0 MiB" in res.stdout
-    full = status(m, m.path("f"))
-    assert full["cold_bytes"] == len(data)
-    st = full["file"]
+    assert status(m)["cold_bytes"] == len(data)
+    st = status(m, m.path("f"))["file"]
     assert st["hot"] == 0 and st["cold"] == len(data)
     assert {e["where"] for e in st["extents"]} == {"cold"}
     drop_page_cache(m.mountpoint)
@@ -234,14 +233,13 @@ def test_control_commands_output_and_exit_codes(s3m):
     res = m.cli("prefetch", "-r", m.path("ds"), check=True)
     assert "0 B fetched, 1.4 MiB already hot" in res.stdout
     res = m.cli("pin", m.path("ds/sub/f0"), check=True)
-    assert res.stdout.startswith("pinned 1 files")
+    assert res.stdout.startswith("pinned 1 file (1 extent changed)")
     res = m.cli("release", m.path("ds/sub/f0"), check=True)
-    assert "kept 1 pinned extents" in res.stdout
-    st = status(m, m.path("ds/sub/f0"))
-    assert st["file"]["pinned"] == len(files["ds/sub/f0"])
-    assert st["pinned_bytes"] >= len(files["ds/sub/f0"])
+    assert "kept 1 pinned extent\n" in res.stdout
+    assert status(m, m.path("ds/sub/f0"))["file"]["pinned"] == len(files["ds/sub/f0"])
+    assert status(m)["pinned_bytes"] >= len(files["ds/sub/f0"])
     res = m.cli("unpin", m.path("ds/sub/f0"), check=True)
-    assert res.stdout.startswith("unpinned 1 files")
+    assert res.stdout.startswith("unpinned 1 file (1 extent changed)")
     res = m.cli("status", m.mountpoint, check=True)
     assert "hot " in res.stdout and "hit rate" in res.stdout
     res = m.cli("status", "/")

@@ -19,7 +19,7 @@ def _add_mount_parser(sub) -> None:
                        "option can also come from a TOML file (--config; keys as the long "
                        "options) or an environment variable TIERFS_<OPTION> (e.g. "
                        "TIERFS_CACHE_SIZE=200G); a flag beats the environment, which beats the "
-                       "file. Sizes take units: 64M, 200G, 1.5T.")
+                       "file. Sizes take units K, M, G, T, P: 64M, 200G, 1.5T.")
     p.add_argument("cold_url", metavar="COLD_URL", nargs="?",
                    help="where cold data lives: file:///path or s3://bucket/prefix")
     p.add_argument("mountpoint", metavar="MOUNTPOINT", nargs="?", help="an empty directory")
@@ -30,20 +30,37 @@ def _add_mount_parser(sub) -> None:
             p.add_argument(flag, default=None, help=argparse.SUPPRESS)
             continue
         dflt = default(opt.name)
-        shown = ("auto" if dflt is None and opt.kind == "bool" else
-                 format_size(dflt) if opt.kind == "size" and dflt else dflt)
-        helptext = f"{opt.help} (default: {shown})" if opt.name != "cache_dir" else opt.help
+        shown = (format_size(dflt) if opt.kind == "size" and dflt else
+                 ("on" if dflt else "off") if opt.kind == "bool" else dflt)
+        # Help that explains its own default (or a required option) gets no second one.
+        own = opt.name == "cache_dir" or "default:" in opt.help
+        helptext = opt.help if own else f"{opt.help} (default: {shown})"
         if opt.kind == "bool":
             p.add_argument(flag, default=None, action=argparse.BooleanOptionalAction,
                            help=helptext)
         else:
-            p.add_argument(flag, default=None, choices=opt.choices or None, help=helptext)
+            # Choices are checked by config.convert, in one line like every other value.
+            metavar = "{" + ",".join(opt.choices) + "}" if opt.choices else None
+            p.add_argument(flag, default=None, metavar=metavar, help=helptext)
+    # argparse takes "-5G" for an option ("expected one argument"): let values shaped like
+    # negative sizes through, so that the option's own check says what is wrong.
+    import re
+    p._negative_number_matcher = re.compile(
+        r"^-(\d+\.?\d*|\.\d+)\s*([KMGTP](i?B)?|B)?$", re.IGNORECASE)
 
 
 def _config(args) -> MountConfig:
+    from ..config import unknown_env_warnings
+    for line in unknown_env_warnings():
+        print(line, file=sys.stderr)
     flags = {opt.name: getattr(args, opt.name) for opt in OPTIONS}
     flags["cold_url"], flags["mountpoint"] = args.cold_url, args.mountpoint
-    return build_config(flags, args.config)
+    cfg = build_config(flags, args.config)
+    if cfg.cold_url.startswith("s3://"):
+        # What boto3 would refuse in the daemon, said here before it is spawned.
+        from ..cold import check_s3_environment
+        check_s3_environment(endpoint=cfg.s3_endpoint, region=cfg.s3_region)
+    return cfg
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,9 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Flush data and metadata, unmount MOUNTPOINT and wait "
                        "until its daemon has exited.")
     p.add_argument("mountpoint", metavar="MOUNTPOINT")
-    p = sub.add_parser("status", help="show the state of a mount or of a file",
-                       description="Hot, cold and dirty bytes of a mount; with a file, "
-                       "where each of its extents is.")
+    p = sub.add_parser("status", help="show the state of a mount, a directory or a file",
+                       description="Hot, cold and dirty bytes of a mount; with a directory, "
+                       "the totals of everything below it; with a file, where each of its "
+                       "extents is.")
     p.add_argument("path", metavar="PATH", nargs="?", default=".",
                    help="mount point or a path inside it (default: the current directory)")
     p.add_argument("--json", action="store_true", help="machine-readable output")

@@ -170,6 +170,32 @@ def _not_a_mount(path: str, table: dict[str, str]) -> str:
     return f"{path} is not mounted (no filesystem is mounted on it)"
 
 
+def _wait_for_exit(pid: int, cache_dir: str, timeout: float) -> None:
+    """Wait for the daemon to exit; on a terminal, show its upload backlog
+    shrinking (the daemon reports it in its exit report while it uploads)."""
+    from .progress import Progress
+    deadline = time.monotonic() + timeout
+    progress = None
+    try:
+        while pid_alive(pid):
+            if time.monotonic() > deadline:
+                raise UserError(f"daemon {pid} is still flushing after {timeout:.0f}s; it "
+                                f"keeps running in the background (see tierfs.log in its "
+                                f"cache dir)")
+            report = exit_report.read(cache_dir, pid) or {}
+            if report.get("stopping"):
+                total = report["start_dirty_bytes"]
+                if progress is None:
+                    progress = Progress("uploading before unmount", total)
+                progress.update(total - report["dirty_bytes"], note=(
+                    f"gives up in {report['seconds_left']:.0f}s; the rest uploads on the "
+                    f"next mount"))
+            time.sleep(0.05)
+    finally:
+        if progress is not None:
+            progress.close()
+
+
 def umount(mountpoint: str, timeout: float = 3600.0) -> int:
     mp = os.path.abspath(mountpoint)
     table = mounts()
@@ -191,12 +217,7 @@ def umount(mountpoint: str, timeout: float = 3600.0) -> int:
             raise UserError(f"{mp} is busy: close the files and shells using it "
                             f"(fuser -vm {mp} lists them) and retry")
         raise UserError(f"unmounting {mp} failed: {res.stderr.strip()}")
-    deadline = time.monotonic() + timeout
-    while pid_alive(pid):
-        if time.monotonic() > deadline:
-            raise UserError(f"daemon {pid} is still flushing after {timeout:.0f}s; it keeps "
-                            f"running in the background (see tierfs.log in its cache dir)")
-        time.sleep(0.05)
+    _wait_for_exit(pid, info["cache_dir"], timeout)
     report = exit_report.read(info["cache_dir"], pid) or {}
     if report.get("fenced_by"):
         raise NotInBucket(f"unmounted {mp}, but it had been fenced: {report['fenced_by']} took "

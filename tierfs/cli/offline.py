@@ -2,10 +2,13 @@
 nothing is mounted."""
 from __future__ import annotations
 
+import logging
 import os
+import sys
 
 from ..config import MountConfig
 from ..errors import UserError
+from .progress import Progress, plural
 
 
 def _location_args(p) -> None:
@@ -40,9 +43,21 @@ def _config(args) -> MountConfig:
     return cfg
 
 
+def _log_errors_to_stderr() -> None:
+    """Only errors of the library reach the terminal: what it logs at lower levels
+    (the recovery report, retries) is the daemon log's business, and the command
+    prints its own report on stdout. Without a handler Python would print every
+    warning on stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.ERROR)
+    handler.setFormatter(logging.Formatter("tierfs: %(message)s"))
+    logging.getLogger().addHandler(handler)
+
+
 def cmd_recover(args) -> int:
     from ..filesystem import attach, has_metadata, open_cold
     from ..runtime import lock_cache_dir
+    _log_errors_to_stderr()
     cfg = _config(args)
     lock = lock_cache_dir(cfg.cache_dir)
     try:
@@ -67,6 +82,7 @@ def cmd_fsck(args) -> int:
     from ..meta import MetaStore
     from ..runtime import lock_cache_dir
     from ..tier.fsck import Fsck
+    _log_errors_to_stderr()
     cfg = _config(args)
     if not has_metadata(cfg.cache_dir):
         raise UserError(f"{cfg.cache_dir} holds no tierfs metadata: give the cache dir of a node")
@@ -80,8 +96,9 @@ def cmd_fsck(args) -> int:
             raise UserError(f"cache dir {cfg.cache_dir} does not belong to the filesystem at "
                             f"{cold.describe()}")
         hot = HotStore(os.path.join(cfg.cache_dir, "hot"))
-        findings = Fsck(meta, hot, cold, local.extent_size, repair=args.repair,
-                        verify_data=args.verify_data).run()
+        with Progress("verifying data", None) as progress:
+            findings = Fsck(meta, hot, cold, local.extent_size, repair=args.repair,
+                            verify_data=args.verify_data, on_progress=progress.update).run()
         hot.close()
         meta.close()
     finally:
@@ -91,8 +108,8 @@ def cmd_fsck(args) -> int:
     if not findings:
         print(f"{cfg.cache_dir} and {args.cold_url}: clean")
         return 0
-    print(f"{len(findings)} problems" + (" repaired" if args.repair else
-                                          "; run again with --repair to fix them"))
+    print(plural(len(findings), "problem") + (" repaired" if args.repair else
+                                               "; run again with --repair to fix them"))
     return 1 if args.repair else 4
 
 

@@ -5,83 +5,111 @@ import concurrent.futures
 import os
 import stat
 import sys
+import threading
 import time
 
 from ..config import format_size
 from ..errors import NotInBucket, UserError
-from ..client import call, request
+from ..client import call, daemon_info, request
+from .progress import Progress, plural
 
 
 def collect_files(paths: list[str], recursive: bool) -> list[tuple[str, int, int]]:
-    """(path, inode, size) of the regular files named or (with -r) below the paths."""
+    """(path, inode, size) of the regular files named or (with -r) below the paths.
+    Every path named must be inside a tierfs mount (checked before any walk); the
+    walk stays on the filesystem of the path it starts from."""
     out = []
     for path in paths:
         path = os.path.abspath(path)
         try:
-            st = os.lstat(path)
+            st = os.stat(path)  # a symlink named on the command line is followed
         except OSError as e:
             raise UserError(f"{path}: {e.strerror}") from None
+        daemon_info(path)  # UserError "... is not inside a tierfs mount"
         if stat.S_ISREG(st.st_mode):
             out.append((path, st.st_ino, st.st_size))
         elif stat.S_ISDIR(st.st_mode):
             if not recursive:
                 raise UserError(f"{path} is a directory: add -r to include what is below it")
-            for root, _dirs, files in os.walk(path):
+            for root, dirs, files in os.walk(path):
                 for name in files:
                     p = os.path.join(root, name)
-                    s = os.lstat(p)
-                    if stat.S_ISREG(s.st_mode):
+                    try:
+                        s = os.lstat(p)
+                    except FileNotFoundError:  # removed while we walk
+                        continue
+                    if stat.S_ISREG(s.st_mode) and s.st_dev == st.st_dev:
                         out.append((p, s.st_ino, s.st_size))
+                # Another filesystem mounted below is not this mount's business.
+                dirs[:] = [d for d in dirs if _same_dev(os.path.join(root, d), st.st_dev)]
     return out
 
 
-class Progress:
-    """A one-line progress display on stderr (only on a terminal)."""
-
-    def __init__(self, files: int, total: int, verb: str):
-        self.files, self.total, self.verb = files, total, verb
-        self.done_files = self.done_bytes = 0
-        self.start = time.monotonic()
-        self.tty = sys.stderr.isatty()
-        self._last = 0.0
-
-    def rate(self) -> float:
-        return self.done_bytes / max(time.monotonic() - self.start, 1e-6)
-
-    def advance(self, nbytes: int) -> None:
-        self.done_files += 1
-        self.done_bytes += nbytes
-        now = time.monotonic()
-        if self.tty and (now - self._last > 0.1 or self.done_files == self.files):
-            self._last = now
-            rate = self.rate()
-            eta = (self.total - self.done_bytes) / rate if rate > 0 else 0
-            sys.stderr.write(f"\r{self.verb} {self.done_files}/{self.files} files  "
-                             f"{format_size(self.done_bytes)}/{format_size(self.total)}  "
-                             f"{format_size(rate)}/s  ETA {eta:.0f}s   ")
-            sys.stderr.flush()
-
-    def finish(self) -> float:
-        if self.tty:
-            sys.stderr.write("\n")
-        return time.monotonic() - self.start
+def _same_dev(path: str, dev: int) -> bool:
+    try:
+        return os.lstat(path).st_dev == dev
+    except FileNotFoundError:
+        return False
 
 
-def for_each_file(verb: str, cmd: str, args, **extra) -> tuple[list[dict], list[str], float]:
+def _call(path: str, cmd: str, on_progress=None, **args) -> dict:
+    """client.call, handing the daemon's progress lines to on_progress."""
+    last = None
+    for last in request(path, cmd, **args):
+        if not last.get("progress"):
+            break
+        if on_progress is not None:
+            on_progress(last)
+    if last is None or last.get("progress"):
+        raise UserError("the tierfs daemon closed the connection without answering")
+    if not last.get("ok"):
+        raise UserError(f"{cmd} failed: {last.get('error', 'unknown error')}")
+    return last
+
+
+def for_each_file(verb: str, cmd: str, args, *, fetches: bool = False,
+                  **extra) -> tuple[list[dict], list[str], float]:
+    """Run `cmd` on every file, `--jobs` at a time, with a progress line in bytes.
+    fetches: the command brings data hot, and the daemon reports each file's hot
+    bytes while it works, so a single large file moves the line too."""
     files = collect_files(args.paths, args.recursive)
-    progress = Progress(len(files), sum(f[2] for f in files), verb)
+    t0 = time.monotonic()
+    progress = Progress(verb, sum(f[2] for f in files))
+    partial: dict[int, int] = {}   # file number -> bytes done so far, while it runs
+    lock = threading.Lock()
     results, failures = [], []
+
+    def one(i: int, path: str, ino: int, size: int) -> dict:
+        def on_progress(msg: dict) -> None:
+            with lock:
+                partial[i] = max(partial.get(i, 0), min(size, int(msg.get("hot_bytes", 0))))
+        if fetches and progress.active:
+            return _call(path, cmd, on_progress, ino=ino, progress=True, **extra)
+        return _call(path, cmd, ino=ino, **extra)
+
+    finished_bytes = 0
     with concurrent.futures.ThreadPoolExecutor(max(1, getattr(args, "jobs", 8))) as pool:
-        futures = {pool.submit(call, path, cmd, ino=ino, **extra): (path, size)
-                   for path, ino, size in files}
-        for fut in concurrent.futures.as_completed(futures):
-            path, size = futures[fut]
-            try:
-                results.append(fut.result())
-            except UserError as e:
-                failures.append(f"{path}: {e}")
-            progress.advance(size)
-    return results, failures, progress.finish()
+        futures = {pool.submit(one, i, path, ino, size): (i, path, size)
+                   for i, (path, ino, size) in enumerate(files)}
+        pending = set(futures)
+        while pending:
+            finished, pending = concurrent.futures.wait(
+                pending, timeout=0.25, return_when=concurrent.futures.FIRST_COMPLETED)
+            for fut in finished:
+                i, path, size = futures[fut]
+                try:
+                    results.append(fut.result())
+                except UserError as e:
+                    failures.append(f"{path}: {e}")
+                finished_bytes += size
+                with lock:
+                    partial.pop(i, None)
+            with lock:
+                running = sum(partial.values())
+            progress.update(finished_bytes + running,
+                            note=f"{len(files) - len(pending)} of {plural(len(files), 'file')} done")
+    progress.close()
+    return results, failures, time.monotonic() - t0
 
 
 def report_failures(failures: list[str]) -> int:
@@ -91,10 +119,11 @@ def report_failures(failures: list[str]) -> int:
 
 
 def cmd_prefetch(args) -> int:
-    results, failures, secs = for_each_file("prefetch", "prefetch", args, parallel=args.jobs)
+    results, failures, secs = for_each_file("prefetch", "prefetch", args, fetches=True,
+                                            parallel=args.jobs)
     fetched = sum(r["fetched"] for r in results)
     already = sum(r["already_hot"] for r in results)
-    print(f"prefetched {len(results)} files: {format_size(fetched)} fetched, "
+    print(f"prefetched {plural(len(results), 'file')}: {format_size(fetched)} fetched, "
           f"{format_size(already)} already hot, {secs:.1f}s "
           f"({format_size(fetched / max(secs, 1e-6))}/s)")
     return report_failures(failures)
@@ -105,17 +134,19 @@ def cmd_release(args) -> int:
     released = sum(r["released"] for r in results)
     dirty = sum(r["dirty_kept"] for r in results)
     pinned = sum(r["pinned_kept"] for r in results)
-    print(f"released {format_size(released)} from the hot tier in {len(results)} files"
-          + (f"; kept {dirty} dirty extents (not uploaded yet: run tierfs sync --wait)" if dirty else "")
-          + (f"; kept {pinned} pinned extents" if pinned else ""))
+    print(f"released {format_size(released)} from the hot tier in {plural(len(results), 'file')}"
+          + (f"; kept {plural(dirty, 'dirty extent')} (not uploaded yet: run tierfs sync "
+             f"--wait)" if dirty else "")
+          + (f"; kept {plural(pinned, 'pinned extent')}" if pinned else ""))
     return report_failures(failures)
 
 
 def cmd_pin(args) -> int:
     verb = "pin" if args.command == "pin" else "unpin"
-    results, failures, _ = for_each_file(verb, verb, args)
+    results, failures, _ = for_each_file(verb, verb, args, fetches=verb == "pin")
     key = "pinned" if verb == "pin" else "unpinned"
-    print(f"{key} {len(results)} files ({sum(r[key] for r in results)} extents changed)")
+    changed = sum(r[key] for r in results)
+    print(f"{key} {plural(len(results), 'file')} ({plural(changed, 'extent')} changed)")
     return report_failures(failures)
 
 
@@ -124,13 +155,16 @@ def cmd_scrub(args) -> int:
     results, failures, secs = for_each_file("scrub", "scrub", args)
     total = {k: sum(r[k] for r in results) for k in
              ("hot_ok", "hot_repaired", "cold_ok", "cold_bad", "dirty_skipped")}
-    print(f"scrubbed {len(results)} files in {secs:.1f}s: {total['hot_ok']} hot extents ok, "
-          f"{total['hot_repaired']} damaged hot copies replaced from the bucket, "
-          f"{total['cold_ok']} objects ok, {total['cold_bad']} damaged objects, "
-          f"{total['dirty_skipped']} dirty extents not checked")
+    print(f"scrubbed {plural(len(results), 'file')} in {secs:.1f}s: "
+          f"{plural(total['hot_ok'], 'hot extent')} ok, "
+          f"{plural(total['hot_repaired'], 'damaged hot copy', 'damaged hot copies')} replaced "
+          f"from the bucket, {plural(total['cold_ok'], 'object')} ok, "
+          f"{plural(total['cold_bad'], 'damaged object')}, "
+          f"{plural(total['dirty_skipped'], 'dirty extent')} not checked")
     if total["cold_bad"]:
-        print("damaged objects with a good hot copy are uploaded again; the others are lost "
-              "(see the daemon log)", file=sys.stderr)
+        print("tierfs: damaged objects with a good hot copy are uploaded again; the others "
+              "are lost (see the daemon log)", file=sys.stderr)
+        report_failures(failures)
         return 1
     return report_failures(failures)
 
@@ -138,6 +172,7 @@ def cmd_scrub(args) -> int:
 def cmd_sync(args) -> int:
     path = os.path.abspath(args.path)
     st = os.stat(path)
+    daemon_info(path)  # outside a mount: fail now, not after walking the tree
     inos = None
     if not os.path.ismount(path):
         inos = [ino for _p, ino, _s in collect_files([path], True)] if stat.S_ISDIR(st.st_mode) \
@@ -145,38 +180,40 @@ def cmd_sync(args) -> int:
     t0 = time.monotonic()
     if args.wait:
         out = _sync_wait(path, inos, args.timeout)
-    else:
-        out = call(path, "sync", inos=inos, wait=False)
-    if args.wait:
         print(f"synced {path}: everything is in the bucket ({format_size(out['dirty_bytes_before'])} "
               f"was dirty, {time.monotonic() - t0:.1f}s)")
     else:
+        out = call(path, "sync", inos=inos, wait=False)
         print(f"sync of {path} started: {format_size(out['dirty_bytes_before'])} dirty")
     return 0
 
 
 def _sync_wait(path: str, inos, timeout: float) -> dict:
-    """sync --wait: show what is still on its way to the bucket (a refreshed line on a
-    terminal; elsewhere one line when the bucket fails), and its final answer."""
-    tty = sys.stderr.isatty()
+    """sync --wait: show what is still on its way to the bucket (a progress line on a
+    terminal; elsewhere one line when the bucket fails), and return the final answer."""
+    progress = Progress("uploading", None)
     told_error = False
+    done = 0
     last = None
-    for last in request(path, "sync", inos=inos, wait=True, timeout=timeout):
-        if not last.get("progress"):
-            break
-        error = last.get("upload_error")
-        if tty:
-            sys.stderr.write(f"\rwaiting for {format_size(last['dirty_bytes'])} to reach the "
-                             f"bucket ({last['uploads_in_flight']} uploads in flight)"
-                             + (f"; bucket failing: {error}" if error else "") + "   ")
-            sys.stderr.flush()
-        elif error and not told_error:
-            told_error = True
-            print(f"tierfs: waiting for {format_size(last['dirty_bytes'])} to reach the bucket, "
-                  f"which fails: {error}", file=sys.stderr)
-    if tty:
-        sys.stderr.write("\n")
-    if last is None:
+    try:
+        for last in request(path, "sync", inos=inos, wait=True, timeout=timeout):
+            if not last.get("progress"):
+                break
+            error = last.get("upload_error")
+            left = last["dirty_bytes"]
+            # Writes during the wait add to what is left: done never goes back.
+            done = max(done, last.get("total_bytes", 0) - left)
+            note = (f"{last.get('uploads_running', 0)} of "
+                    f"{plural(last.get('upload_slots', 0), 'upload slot')} busy"
+                    + (f"; bucket failing: {error}" if error else ""))
+            progress.update(done, total_bytes=done + left, note=note)
+            if error and not told_error and not progress.active:
+                told_error = True
+                print(f"tierfs: waiting for {format_size(left)} to reach the bucket, "
+                      f"which fails: {error}", file=sys.stderr)
+    finally:
+        progress.close()
+    if last is None or last.get("progress"):
         raise UserError("the tierfs daemon closed the connection without answering")
     if not last.get("ok"):
         raise NotInBucket(f"sync failed: {last.get('error', 'unknown error')}")

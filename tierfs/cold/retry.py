@@ -2,7 +2,8 @@
 
 Wraps any ObjectStore. Each call is retried on transient errors (5xx, throttling,
 timeouts, resets) until it succeeds or its time budget runs out; then the last
-error is raised. Permanent errors pass straight through.
+error is raised. Permanent errors pass straight through. Counts requests and errors
+for metrics; "not found" is counted apart (s3_not_found:OP), as it is an answer.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import logging
 import random
 import time
 
-from ..errors import ColdStoreError
+from ..errors import ColdStoreError, ObjectNotFound
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,12 @@ class RetryingStore:
                 if self.stats:
                     self.stats.inc(f"s3_requests:{op}")
                 return getattr(self.inner, op)(*args)
+            except ObjectNotFound:
+                # An answer, not an error: every first mount asks for a superblock, a
+                # lease and checkpoints that are not there yet.
+                if self.stats:
+                    self.stats.inc(f"s3_not_found:{op}")
+                raise
             except ColdStoreError as e:
                 if self.stats:
                     kind = type(e).__name__ + ("/transient" if e.transient else "")

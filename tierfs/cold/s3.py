@@ -5,10 +5,13 @@ and works without them when no S3 store is used.
 """
 from __future__ import annotations
 
+import os
+
 import boto3
 import botocore.exceptions as bce
 from botocore.config import Config
 
+from tierfs.cold import check_s3_environment
 from tierfs.cold.base import PROBE_KEY, check_range
 from tierfs.errors import ColdConfigError, ColdStoreError, ObjectNotFound
 
@@ -21,6 +24,36 @@ _TRANSIENT = {
     "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
     "RequestTimeoutException", "InternalError", "ServiceUnavailable", "503", "500",
 }
+
+
+def _config_error(e: Exception) -> ColdConfigError:
+    """What boto3 refused in the AWS configuration, as one line naming the setting and
+    the fix. The arguments and the environment were checked before, so what is left is
+    mostly the AWS config file."""
+    env = os.environ
+    if isinstance(e, bce.ProfileNotFound):
+        var = next((v for v in ("AWS_DEFAULT_PROFILE", "AWS_PROFILE") if env.get(v)),
+                   "AWS_PROFILE")
+        return ColdConfigError(
+            f"AWS profile {e.kwargs.get('profile')!r} ({var}) is in neither the AWS config "
+            f"file nor the credentials file: fix {var}, unset it, or add the profile to "
+            f"~/.aws/config")
+    if isinstance(e, bce.InvalidRegionError):
+        return ColdConfigError(
+            f"S3 region {e.kwargs.get('region_name')!r} from the AWS config file is not a "
+            f"region name: fix its region setting, or pass --s3-region (e.g. us-east-1)")
+    if isinstance(e, bce.ConfigParseError):
+        return ColdConfigError(
+            f"cannot parse the AWS config file {e.kwargs.get('path')}: fix it, or point "
+            f"AWS_CONFIG_FILE at another file")
+    if isinstance(e, ValueError) and str(e).startswith("Invalid endpoint"):
+        url = str(e).partition(": ")[2]
+        return ColdConfigError(
+            f"S3 endpoint {url!r} from the AWS config file (endpoint_url) is not a URL: fix "
+            f"it to http://HOST:PORT or https://HOST, or pass --s3-endpoint")
+    return ColdConfigError(
+        f"invalid AWS configuration: {e}: check the AWS_* environment variables and "
+        f"~/.aws/config")
 
 
 class S3Store:
@@ -48,11 +81,15 @@ class S3Store:
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
         )
+        check_s3_environment(os.environ, endpoint=endpoint, region=region)
         # A private session: the default one is shared and not thread-safe to create clients from.
         # endpoint=None lets boto3 use AWS_ENDPOINT_URL or the AWS default.
-        self._client = boto3.session.Session().client(
-            "s3", endpoint_url=endpoint, region_name=region, config=config
-        )
+        try:
+            self._client = boto3.session.Session().client(
+                "s3", endpoint_url=endpoint, region_name=region, config=config
+            )
+        except (ValueError, bce.BotoCoreError) as e:
+            raise _config_error(e) from None
         self.endpoint = self._client.meta.endpoint_url
 
     # -- helpers ---------------------------------------------------------

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import time
 
 import trio
@@ -24,6 +25,91 @@ from ..tier import actions
 from ..tier.checkpoint import Fenced
 
 log = logging.getLogger(__name__)
+
+# Entries a `status DIR` walk visits at most (about a second per 100,000 files).
+TREE_LIMIT = 1_000_000
+
+
+def _add_extent(out: dict, ext, length: int) -> None:
+    """Count one extent of `length` logical bytes into hot/cold/dirty/pinned totals."""
+    if ext.hot:
+        out["hot"] += length
+    else:
+        out["cold"] += length
+    if ext.dirty:
+        out["dirty"] += length
+    if ext.pinned:
+        out["pinned"] += length
+
+
+class TreeWalk:
+    """Files, bytes and hot/cold/dirty/pinned bytes of everything below a directory,
+    from the metadata. step() is blocking (run it in a worker thread) and does a
+    slice of the walk; it stops for good after `limit` entries, saying so in
+    out["complete"], so a huge tree costs a bounded time."""
+
+    SLICE = 10_000  # entries per step
+
+    def __init__(self, meta, extent_size: int, top: int, limit: int = TREE_LIMIT):
+        self.meta, self.E = meta, extent_size
+        self.out = {"files": 0, "directories": 0, "other": 0, "bytes": 0, "hot": 0,
+                    "cold": 0, "dirty": 0, "pinned": 0, "complete": True,
+                    "entries_limit": limit}
+        self.limit = limit
+        self.entries = 0
+        self.seen = {top}     # hard links count once
+        self.current = top    # the directory being listed, None once all are
+        self.cookie = 0       # where its listing goes on
+        self.dirs: list[int] = []  # still to list
+
+    def step(self) -> bool:
+        """Walk a slice; True once the walk is over."""
+        meta, out, E = self.meta, self.out, self.E
+        budget = self.SLICE
+        while self.current is not None and budget > 0:
+            if self.entries >= self.limit:
+                out["complete"] = False
+                return True
+            batch = meta.readdir(self.current, self.cookie, min(1024, budget))
+            if not batch:  # this directory is done (or was removed meanwhile)
+                self.current = self.dirs.pop() if self.dirs else None
+                self.cookie = 0
+                continue
+            self.cookie = batch[-1][0]
+            budget -= len(batch)
+            self.entries += len(batch)
+            children = [c for _k, _n, c in batch if c not in self.seen]
+            self.seen.update(children)
+            for node in _existing_inodes(meta, children):
+                if stat.S_ISDIR(node.mode):
+                    out["directories"] += 1
+                    self.dirs.append(node.ino)
+                elif stat.S_ISREG(node.mode):
+                    out["files"] += 1
+                    out["bytes"] += node.size
+                    try:
+                        exts = meta.all_extents(node.ino)
+                    except FsError:  # unlinked and purged while we walk
+                        continue
+                    for idx, ext in exts.items():
+                        _add_extent(out, ext, min(E, max(0, node.size - idx * E)))
+                else:
+                    out["other"] += 1
+        return self.current is None
+
+
+def _existing_inodes(meta, inos: list[int]) -> list:
+    """The inodes of `inos` that still exist (the walk races with unlinks)."""
+    try:
+        return meta.get_inodes(inos)
+    except FsError:
+        out = []
+        for ino in inos:
+            try:
+                out.append(meta.get_inode(ino))
+            except FsError:
+                pass
+        return out
 
 
 class Control:
@@ -53,24 +139,15 @@ class Control:
 
     def file_state(self, ino: int) -> dict:
         node = self.meta.get_inode(ino)
-        extents = self.meta.all_extents(ino)
         E = self.engine.E
         out = {"size": node.size, "extent_size": E, "hot": 0, "cold": 0, "dirty": 0,
                "pinned": 0, "extents": []}
-        for idx, ext in sorted(extents.items()):
-            length = min(E, max(0, node.size - idx * E))
+        for idx, ext in sorted(self.meta.all_extents(ino).items()):
             where = "hot+cold" if ext.hot and ext.obj_id and not ext.dirty else (
                 "hot" if ext.hot else "cold")
             out["extents"].append({"index": idx, "where": where, "dirty": ext.dirty,
                                    "pinned": ext.pinned})
-            if ext.hot:
-                out["hot"] += length
-            else:
-                out["cold"] += length
-            if ext.dirty:
-                out["dirty"] += length
-            if ext.pinned:
-                out["pinned"] += length
+            _add_extent(out, ext, min(E, max(0, node.size - idx * E)))
         return out
 
     # ---- commands ---------------------------------------------------------------------
@@ -79,36 +156,62 @@ class Control:
 
     async def cmd_status(self, req, reply):
         d = self.daemon
+        out = {"mountpoint": d.cfg.mountpoint, "pid": os.getpid(), "cold": d.cold.describe(),
+               "cache_dir": d.cfg.cache_dir, "extent_size": self.engine.E,
+               "fenced_by": d.state.fenced_by}
+        # A file or a directory gets its own figures only: the whole-mount ones cost a
+        # scan of every extent and answer another question.
+        if req.get("ino"):
+            out["file"] = self.file_state(int(req["ino"]))
+            return out
+        if req.get("dir_ino"):
+            top = int(req["dir_ino"])
+            limit = int(req.get("limit") or TREE_LIMIT)
+            walk = TreeWalk(self.meta, self.engine.E, top, limit)
+            # In slices, each its own worker-thread hop: between them the map may grow
+            # and the trio thread is never kept waiting on a long walk.
+            while not await self.scan_in_thread(walk.step):
+                pass
+            out["directory"] = walk.out
+            return out
         index = self.engine.index
         st = self.engine.stats.snapshot()
         hot_b, cold_b = st.get("hot_read_bytes", 0), st.get("miss_read_bytes", 0)
         oldest = min((i.last_write for i in index.dirty.values()), default=None)
+
         def bucket_scan():
             cold = sum(x.obj_len for _i, _x, x in scan.extents(self.meta) if not x.hot)
             return cold, self.meta.gc_backlog()
 
         cold_bytes, (gc_objects, gc_bytes) = await self.scan_in_thread(bucket_scan)
-        out = {"mountpoint": d.cfg.mountpoint, "pid": os.getpid(), "cold": d.cold.describe(),
-               "cold_bytes": cold_bytes, "fenced_by": d.state.fenced_by,
-               # Superseded objects not deleted yet: kept checkpoints may need them.
-               "gc_backlog_objects": gc_objects, "gc_backlog_bytes": gc_bytes,
-               "upload_error": d.uploader.last_error,
-               "cache_dir": d.cfg.cache_dir, "extent_size": self.engine.E,
-               "hot_bytes": index.total, "dirty_bytes": index.dirty_bytes,
-               "hot_extents": len(index.sizes), "dirty_extents": len(index.dirty),
-               "pinned_bytes": sum(index.sizes.get(k, 0) for k in index.pinned),
-               "cache_limit": d.space.high, "cache_policy": d.space.policy,
-               "upload_backlog_bytes": index.dirty_bytes,
-               "upload_backlog_age_s": round(time.monotonic() - oldest, 3) if oldest else 0,
-               "uploads_in_flight": len(d.uploader.in_flight),
-               "hit_rate": round(hot_b / (hot_b + cold_b), 4) if hot_b + cold_b else None,
-               "counters": st,
-               "fuse_ops": {label: h.count for (name, label), h in
-                            list(self.engine.stats.histograms.items())
-                            if name == "fuse_op_seconds"}}
-        if req.get("ino"):
-            out["file"] = self.file_state(int(req["ino"]))
+        out.update({
+            "cold_bytes": cold_bytes,
+            # Superseded objects not deleted yet: kept checkpoints may need them.
+            "gc_backlog_objects": gc_objects, "gc_backlog_bytes": gc_bytes,
+            "upload_error": d.uploader.last_error,
+            "hot_bytes": index.total, "dirty_bytes": index.dirty_bytes,
+            "hot_extents": len(index.sizes), "dirty_extents": len(index.dirty),
+            "pinned_bytes": sum(index.sizes.get(k, 0) for k in index.pinned),
+            "cache_limit": d.space.high, "cache_policy": d.space.policy,
+            # Where the limit comes from (flag, or the disk's share), when Space says.
+            "cache_limit_note": getattr(d.space, "limit_note", None),
+            "upload_backlog_bytes": index.dirty_bytes,
+            "upload_backlog_age_s": round(time.monotonic() - oldest, 3) if oldest else 0,
+            **self._upload_slots(),
+            "hit_rate": round(hot_b / (hot_b + cold_b), 4) if hot_b + cold_b else None,
+            "counters": st,
+            "fuse_ops": {label: h.count for (name, label), h in
+                         list(self.engine.stats.histograms.items())
+                         if name == "fuse_op_seconds"}})
         return out
+
+    def _upload_slots(self) -> dict:
+        """Uploads running now (holding one of the --upload-parallel slots) and extents
+        handed to the uploader that wait for a slot: its in_flight set holds both."""
+        up = self.daemon.uploader
+        running = int(up.limit.borrowed_tokens)
+        return {"uploads_running": running, "upload_slots": int(up.limit.total_tokens),
+                "uploads_queued": max(0, len(up.in_flight) - running)}
 
     async def scan_in_thread(self, fn):
         """A whole-database read off the event loop (the map must not grow meanwhile)."""
@@ -121,13 +224,14 @@ class Control:
     async def cmd_sync(self, req, reply):
         inos = set(req["inos"]) if req.get("inos") is not None else None
         before = self.engine.index.dirty_bytes
+        total = self._dirty(inos)  # what this sync waits for, for the client's progress
         await self.engine.sync_all()
         if req.get("wait"):
             timeout = float(req.get("timeout") or 0) or float("inf")
             failed = None
             with trio.move_on_after(timeout) as scope:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._sync_progress, inos, reply)
+                    nursery.start_soon(self._sync_progress, inos, total, reply)
                     try:
                         await self._sync_wait(inos)
                     except TierfsError as e:  # raised out of a nursery it would be a group
@@ -183,28 +287,64 @@ class Control:
         return (f"this mount was fenced: {self.daemon.state.fenced_by} took the filesystem "
                 f"over, and nothing written here since reaches the bucket; unmount it")
 
-    async def _sync_progress(self, inos, reply) -> None:
-        """Tell the waiting client what it waits for, once a second."""
+    async def _sync_progress(self, inos, total: int, reply) -> None:
+        """Tell the waiting client what it waits for, twice a second."""
         uploader = self.daemon.uploader
         try:
             while True:
-                await trio.sleep(1.0)
+                await trio.sleep(0.5)
                 await reply({"progress": True, "dirty_bytes": self._dirty(inos),
-                             "uploads_in_flight": len(uploader.in_flight),
+                             "total_bytes": total, **self._upload_slots(),
                              "upload_error": uploader.last_error})
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the client went away; the sync itself goes on to its end
 
     async def cmd_prefetch(self, req, reply):
-        return await actions.prefetch(self.engine, int(req["ino"]), int(req.get("parallel", 8)))
+        ino = int(req["ino"])
+        return await self._fetching(ino, req, reply, actions.prefetch(
+            self.engine, ino, int(req.get("parallel", 8))))
 
     async def cmd_release(self, req, reply):
         return actions.release(self.engine, int(req["ino"]))
 
     async def cmd_pin(self, req, reply):
         ino = int(req["ino"])
-        fetched = await actions.prefetch(self.engine, ino)
+        fetched = await self._fetching(ino, req, reply, actions.prefetch(self.engine, ino))
         return {"pinned": actions.set_pinned(self.engine, ino, True), **fetched}
+
+    async def _fetching(self, ino: int, req, reply, work):
+        """Await a prefetch; with req["progress"], tell the client how many bytes of
+        the file are hot while it runs (one large file would otherwise show nothing)."""
+        if not req.get("progress"):
+            return await work
+        failed = result = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._fetch_progress, ino, reply)
+            try:
+                result = await work
+            except Exception as e:  # raised out of a nursery it would be a group
+                failed = e
+            nursery.cancel_scope.cancel()
+        if failed is not None:
+            raise failed
+        return result
+
+    async def _fetch_progress(self, ino: int, reply) -> None:
+        index, E = self.engine.index, self.engine.E
+        last = None
+        try:
+            while True:
+                await trio.sleep(0.25)
+                try:
+                    size = self.meta.get_inode(ino).size
+                except FsError:
+                    return
+                hot = sum(min(E, max(0, size - i * E)) for i in index.by_ino.get(ino, ()))
+                if hot != last:
+                    last = hot
+                    await reply({"progress": True, "hot_bytes": hot})
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the client went away; the prefetch goes on to its end
 
     async def cmd_hint(self, req, reply):
         inos, unknown = [], 0

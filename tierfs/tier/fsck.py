@@ -25,11 +25,17 @@ class Finding:
 
 
 class Fsck:
-    def __init__(self, meta, hot, cold, extent_size: int, *, repair: bool, verify_data: bool):
+    """on_progress(done_bytes, total_bytes), with verify_data: called as the data
+    check goes, in bytes read from the hot tier and the bucket (it reads them all)."""
+
+    def __init__(self, meta, hot, cold, extent_size: int, *, repair: bool, verify_data: bool,
+                 on_progress=None):
         self.meta, self.hot, self.cold, self.E = meta, hot, cold, extent_size
         self.repair = repair
         self.verify_data = verify_data
+        self.on_progress = on_progress if verify_data else None
         self.findings: list[Finding] = []
+        self.verify_total = self.verify_done = 0
 
     def found(self, problem: str, fix: str = "") -> None:
         self.findings.append(Finding(problem, fix if self.repair else ""))
@@ -115,6 +121,18 @@ class Fsck:
                 self._hot.setdefault(ino, set()).add(idx)
         return self._hot
 
+    @staticmethod
+    def verify_bytes(ext) -> int:
+        """What the data check reads for an extent: its hot copy and its object."""
+        if ext.dirty or not ext.obj_id:
+            return 0
+        return (ext.length if ext.hot else 0) + ext.obj_len
+
+    def progress(self, nbytes: int) -> None:
+        if self.on_progress is not None and nbytes:
+            self.verify_done += nbytes
+            self.on_progress(self.verify_done, self.verify_total)
+
     def check_extents(self) -> None:
         meta, E = self.meta, self.E
         hot = {k: set(v) for k, v in self.hot_files().items()}
@@ -123,7 +141,12 @@ class Fsck:
         referenced = set()
         fixes = {}
         gc = []
+        if self.on_progress is not None:  # a metadata pass, cheap next to reading the data
+            self.verify_total = sum(self.verify_bytes(x) for _i, _x, x in scan.extents(meta))
+        weight = 0  # of the previous extent: counted once its checks are done
         for ino, idx, ext in scan.extents(meta):
+            self.progress(weight)
+            weight = self.verify_bytes(ext)
             key = (ino, idx)
             has_file = idx in hot.get(ino, ())
             hot.get(ino, set()).discard(idx)
@@ -170,6 +193,7 @@ class Fsck:
                 continue
             if self.verify_data and not ext.dirty:
                 self.verify(ino, idx, ext, fixes)
+        self.progress(weight)
         for ino, idxs in hot.items():
             for idx in idxs:
                 self.found(f"stray hot file for inode {ino} extent {idx}", "removed it")

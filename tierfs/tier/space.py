@@ -15,33 +15,47 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import time
 from dataclasses import replace
 
 import trio
 
-from ..config import format_size
+from ..config import format_size, min_cache_size
 from ..errors import FsError, UserError
 from ..meta.schema import HOT
 
 log = logging.getLogger(__name__)
 
 
-# The largest FUSE read or write request (libfuse 3 negotiates 1 MiB).
-MAX_REQUEST = 1 << 20
-
-
-def min_cache_size(extent_size: int) -> int:
-    """The smallest hot tier that can serve any one request: the extents a 1 MiB
-    request can touch (one more than it covers when it is not aligned)."""
-    return (-(-MAX_REQUEST // extent_size) + 1) * extent_size
-
-
-def check_cache_size(cache_size: int, extent_size: int) -> None:
+def check_cache_size(space: "Space", extent_size: int) -> None:
+    """Refuse a hot tier that cannot work on its disk (UserError, at mount): a
+    --cache-size larger than the disk, a --min-free or a full disk that leaves less
+    than one request's extents (every write would fail), a limit below that."""
     need = min_cache_size(extent_size)
-    if cache_size < need:
+    # The hot store lives in CACHE_DIR/hot: name the directory the user gave.
+    where = (f"the cache disk of {os.path.dirname(space.engine.hot.root)} "
+             f"({format_size(space.disk_total)} in all, "
+             f"{format_size(space.disk_free_at_start)} free)")
+    if space.explicit_limit and space.high > space.disk_total:
+        raise UserError(f"--cache-size {format_size(space.high)} is larger than {where}: "
+                        f"lower it, or leave it out to use 90% of what the disk can give "
+                        f"({format_size(space.default_limit)})")
+    if space.can_give < need:
+        if space.disk_free_at_start + space.index.total < need:
+            raise UserError(f"{where} is too full for the hot tier, which needs at least "
+                            f"{format_size(need)}: free space on it or choose another "
+                            f"--cache-dir")
+        raise UserError(f"--min-free {format_size(space.min_free)} leaves the hot tier less "
+                        f"than the {format_size(need)} it needs on {where}: lower --min-free")
+    if space.high < need:
         touched = need // extent_size
-        raise UserError(f"--cache-size {format_size(cache_size)} is too small for "
+        if not space.explicit_limit:
+            raise UserError(f"90% of what {where} can give the hot tier is "
+                            f"{format_size(space.high)}, less than the {format_size(need)} "
+                            f"that {format_size(extent_size)} extents need: free space on it, "
+                            f"lower --min-free or set --cache-size")
+        raise UserError(f"--cache-size {format_size(space.high)} is too small for "
                         f"{format_size(extent_size)} extents: one request can touch "
                         f"{touched} extents, so the hot tier needs at least "
                         f"{format_size(need)}; raise --cache-size")
@@ -53,8 +67,22 @@ class Space:
         self.engine = engine
         self.index = engine.index
         st = engine.hot.disk_usage()
-        disk = st.f_blocks * st.f_frsize
-        self.high = cache_size or int(disk * 0.9)
+        self.disk_total = st.f_blocks * st.f_frsize
+        self.disk_free_at_start = st.f_bavail * st.f_frsize
+        # What the hot tier can grow to: what it holds plus the free space, less
+        # --min-free; on a shared disk far less than its size.
+        self.can_give = max(0, min(self.index.total + self.disk_free_at_start - min_free,
+                                   self.disk_total))
+        self.default_limit = int(self.can_give * 0.9)
+        self.explicit_limit = bool(cache_size)
+        self.high = cache_size or self.default_limit
+        if cache_size:
+            self.limit_note = "--cache-size" + (
+                f"; the cache disk can give only {format_size(self.can_give)} now"
+                if cache_size > self.can_give else "")
+        else:
+            self.limit_note = (f"default: 90% of the {format_size(self.can_give)} the cache "
+                               f"disk can give ({format_size(self.disk_free_at_start)} free now)")
         self.low = int(self.high * 0.9)
         self.min_free = min_free
         self.policy = policy

@@ -1,0 +1,64 @@
+"""`tierfs umount` with an upload backlog: progress on a terminal, quiet otherwise."""
+from __future__ import annotations
+
+import json
+import os
+import pty
+import subprocess
+import sys
+
+from tests.fuse.test_tiering import pattern, status
+from tests.harness import write_file
+
+KiB = 1 << 10
+
+
+def slow_bucket_mount(mount_factory, tmp_path, files: int):
+    """A mount whose bucket answers every call after 0.2 s, with `files` small files
+    not uploaded yet: unmounting it takes at least files * 0.2 s."""
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps({"latency_s": 0.2}))
+    m = mount_factory(args=("--fault-file", str(faults), "--upload-parallel", "1",
+                            "--upload-delay", "3600"))
+    for i in range(files):
+        write_file(m.path(f"f{i}"), pattern(64 * KiB, i))
+    assert status(m)["dirty_extents"] == files
+    return m
+
+
+def run_on_terminal(argv: list[str]) -> tuple[int, str]:
+    """Run a command with a pseudo-terminal as stdin, stdout and stderr."""
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave)
+        os.close(slave)
+        out = b""
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: every writer of the terminal has closed it
+                break
+            if not chunk:
+                break
+            out += chunk
+        return proc.wait(timeout=120), out.decode(errors="replace")
+    finally:
+        os.close(master)
+
+
+def test_umount_shows_upload_progress_on_a_terminal(mount_factory, tmp_path):
+    m = slow_bucket_mount(mount_factory, tmp_path, files=8)
+    rc, out = run_on_terminal([sys.executable, "-m", "tierfs", "umount", m.mountpoint])
+    m.pid = None
+    assert rc == 0, out
+    assert "uploading before unmount:" in out and "of 512.0 KiB" in out
+    assert f"unmounted {m.mountpoint}" in out
+    assert not m.mounted
+
+
+def test_umount_is_quiet_when_not_on_a_terminal(mount_factory, tmp_path):
+    m = slow_bucket_mount(mount_factory, tmp_path, files=4)
+    res = m.cli("umount", m.mountpoint)
+    m.pid = None
+    assert res.returncode == 0, res.stderr
+    assert res.stderr == "" and res.stdout == f"unmounted {m.mountpoint}\n"
