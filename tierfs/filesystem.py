@@ -103,7 +103,7 @@ def _attach_metadata(cfg, cold, sb, allow_recover: bool, lease: Lease):
             raise UserError(f"cache dir {cfg.cache_dir} holds no metadata of {cold.describe()}")
         meta, report = recover(cold, meta_dir(cfg.cache_dir))
         for line in report.lines():
-            log.warning("recovery: %s", line)
+            log.info("recovery: %s", line)  # the caller prints the report; once is enough
         return meta, report.lines()
     meta = open_meta(cfg)
     local = meta.superblock()

@@ -62,3 +62,36 @@ def test_umount_is_quiet_when_not_on_a_terminal(mount_factory, tmp_path):
     m.pid = None
     assert res.returncode == 0, res.stderr
     assert res.stderr == "" and res.stdout == f"unmounted {m.mountpoint}\n"
+
+
+def test_foreground_daemon_tells_systemd_when_mounted_and_umount_finds_it_by_config(
+        mount_factory, tmp_path):
+    """What deploy/tierfs@.service relies on: Type=notify gets READY=1 only once the
+    mount answers, and ExecStop finds the mount point in the instance's TOML file."""
+    import socket
+    m = mount_factory(start=False)
+    conf = tmp_path / "train.toml"
+    conf.write_text(f'cold_url = "{m.cold_url}"\nmountpoint = "{m.mountpoint}"\n'
+                    f'cache_dir = "{m.cache_dir}"\n')
+    sock_path = str(tmp_path / "notify.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(sock_path)
+        sock.settimeout(60)
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "tierfs", "mount", "--config", str(conf), "--foreground"],
+            env=dict(os.environ, NOTIFY_SOCKET=sock_path), stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
+        m.pid = daemon.pid
+        try:
+            assert sock.recv(256) == b"READY=1"
+            assert m.mounted
+            write_file(m.path("f"), b"ready")
+            res = m.cli("umount", "--config", str(conf))
+            assert res.returncode == 0, res.stderr
+            assert res.stdout == f"unmounted {m.mountpoint}\n"
+            assert daemon.wait(timeout=60) == 0
+            m.pid = None
+        finally:
+            if daemon.poll() is None:
+                daemon.kill()
+            daemon.communicate()

@@ -63,6 +63,19 @@ def _config(args) -> MountConfig:
     return cfg
 
 
+def _umount_target(args) -> str:
+    """The mount point to unmount: given, else as `tierfs mount` would find it."""
+    if args.mountpoint:
+        return args.mountpoint
+    from ..config import read_config_file
+    found = os.environ.get("TIERFS_MOUNTPOINT") or (
+        read_config_file(args.config).get("mountpoint") if args.config else None)
+    if not found:
+        raise UserError("no mount point given: pass MOUNTPOINT, or --config FILE with a "
+                        "mountpoint key")
+    return found
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tierfs", description="Tiered POSIX filesystem: "
                                      "local NVMe hot tier, S3 cold tier, one namespace.")
@@ -71,8 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_mount_parser(sub)
     p = sub.add_parser("umount", help="flush, unmount and stop the daemon",
                        description="Flush data and metadata, unmount MOUNTPOINT and wait "
-                       "until its daemon has exited.")
-    p.add_argument("mountpoint", metavar="MOUNTPOINT")
+                       "until its daemon has exited. Exit status 3: unmounted, but some "
+                       "data is not in the bucket yet (it uploads on the next mount).")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", nargs="?",
+                   help="the mount point (default: the mountpoint of --config, or "
+                   "TIERFS_MOUNTPOINT)")
+    p.add_argument("--config", metavar="FILE", help="TOML file the mount was made with")
     p = sub.add_parser("status", help="show the state of a mount, a directory or a file",
                        description="Hot, cold and dirty bytes of a mount; with a directory, "
                        "the totals of everything below it; with a file, where each of its "
@@ -107,7 +124,7 @@ def _run(argv: list[str]) -> int:
             return spawn_daemon(argv)
         if args.command == "umount":
             from .mount import umount
-            return umount(args.mountpoint)
+            return umount(_umount_target(args))
         if args.command == "status":
             return status.cmd_status(args)
         if args.command in offline.COMMANDS:

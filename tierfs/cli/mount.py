@@ -9,7 +9,7 @@ import sys
 import tempfile
 import time
 
-from .. import exit_report
+from .. import exit_report, sdnotify
 from ..config import MountConfig, format_size
 from ..errors import NotInBucket, UserError
 from ..mountpoint import mounts, unmount_lazy
@@ -79,6 +79,7 @@ def run_daemon(cfg: MountConfig) -> int:
             print(f"tierfs: {message[4:]}", file=sys.stderr)
         else:
             print(message[3:], flush=True)
+            sdnotify.notify("READY=1")  # under systemd (Type=notify): the mount answers
 
     cfg.cache_dir = os.path.abspath(cfg.cache_dir)
     if cfg.fault_file:
