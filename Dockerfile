@@ -1,10 +1,19 @@
-# Test image: tierfs with its test dependencies; runs the whole pytest suite inside the
-# container (real FUSE mounts, and a moto S3 server that the tests start on 127.0.0.1).
+# Two images from one file:
+#
+# Test image (the default, last stage): tierfs with its test dependencies; runs the whole
+# pytest suite inside the container (real FUSE mounts, and a moto S3 server that the tests
+# start on 127.0.0.1).
 #
 #   docker build -t tierfs-test .
 #   docker run --rm --device /dev/fuse --cap-add SYS_ADMIN tierfs-test
 #
-# Flags of `docker run`, and why:
+# Runtime image (target `runtime`): just tierfs in /opt/venv, fuse3 and Python; no compilers,
+# no test tools. deploy/daemonset.yaml runs it.
+#
+#   docker build --target runtime -t tierfs:0.1.0 .
+#   docker run --rm tierfs:0.1.0 tierfs --version
+#
+# Flags of `docker run` for the tests, and why:
 #   --device /dev/fuse --cap-add SYS_ADMIN   FUSE mounts (the tests run as root).
 #   (The tests drop cached pages per file with fadvise, so /proc/sys may stay read-only.)
 #   --security-opt apparmor:unconfined       needed only where the engine uses AppArmor
@@ -20,7 +29,9 @@
 # BASE_IMAGE: python:3.11-slim by default; any Debian bookworm image works, also one without
 # Python (then Debian's python3 3.11 is installed from the image's own apt sources).
 ARG BASE_IMAGE=python:3.11-slim
-FROM ${BASE_IMAGE}
+
+# ---- build: compilers and headers; tierfs and its dependencies into /opt/venv ------------
+FROM ${BASE_IMAGE} AS build
 
 ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONDONTWRITEBYTECODE=1 \
@@ -30,7 +41,8 @@ ENV DEBIAN_FRONTEND=noninteractive \
 
 # Extra CA certificates (a TLS-intercepting proxy's, for pip): scripts/docker-test.sh puts the
 # host's /usr/local/share/ca-certificates/*.crt into its build context as docker-ca-*.crt; a
-# plain build has none. pyproject.toml is listed only so this COPY always has a source.
+# plain build has none. pyproject.toml is listed only so this COPY always has a source. They
+# stay in the build and test stages; the runtime image does not inherit them.
 COPY pyproject.toml docker-ca-*.crt /tmp/docker-ca/
 
 # System packages: FUSE 3 (fusermount3), headers and a compiler for pyfuse3, getfattr; and
@@ -56,7 +68,6 @@ RUN set -eux; \
     rm -rf /var/lib/apt/lists/*; \
     update-ca-certificates
 
-# tierfs and its test tools in a virtual environment (the same on either base).
 RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin \
     PIP_CERT=/etc/ssl/certs/ca-certificates.crt
@@ -64,7 +75,31 @@ ENV PATH=/opt/venv/bin:/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY tierfs ./tierfs
-RUN pip install -q -e '.[test]' && python -c 'import pyfuse3, tierfs; print("pyfuse3", pyfuse3.__version__)'
+# A regular (not editable) install: the runtime stage copies /opt/venv without /src.
+RUN pip install -q . && python -c 'import pyfuse3, tierfs; print("pyfuse3", pyfuse3.__version__)'
+
+# ---- runtime: tierfs, fuse3 and Python only ----------------------------------------------
+FROM ${BASE_IMAGE} AS runtime
+ENV DEBIAN_FRONTEND=noninteractive \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+# fuse3: fusermount3 and libfuse3 (pyfuse3 links it); Debian's python3 on a bare base, the
+# same interpreter the build stage made /opt/venv with.
+RUN set -eux; \
+    pkgs="ca-certificates fuse3"; \
+    command -v python3 >/dev/null 2>&1 || pkgs="$pkgs python3"; \
+    apt-get update -qq; \
+    apt-get install -y -qq --no-install-recommends $pkgs; \
+    rm -rf /var/lib/apt/lists/*
+COPY --from=build /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin
+RUN tierfs --version
+CMD ["tierfs", "--help"]
+
+# ---- test (default): the build stage plus the test tools, the tests and an editable tierfs --
+FROM build AS test
+WORKDIR /src
+RUN pip install -q -e '.[test]' && python -c 'import moto, pytest, tierfs; print("tierfs", tierfs.__version__)'
 COPY tests ./tests
 COPY scripts ./scripts
 COPY docs ./docs

@@ -17,7 +17,11 @@
 #     and --network=none (the tests only talk to their own moto server on 127.0.0.1);
 #     TIERFS_DOCKER_RUN_ARGS adds options (e.g. "-v /tmp": test directories on a volume).
 # Exits with pytest's status ("no tests collected" is a failure); removes the container, the
-# dockerd it started and its temporary files on every exit.
+# dockerd it started (and unmounts what that dockerd mounted, such as /run/docker/netns/default)
+# and its temporary files on every exit.
+# Packages it installed (docker.io, debootstrap) stay installed, so that the next run is quick;
+# its last line names them and the command that removes them. The images it built stay in
+# Docker's store (docker rmi tierfs-test tierfs-base:bookworm).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -34,11 +38,24 @@ start_time=$(date +%s)
 work=$(mktemp -d "${TMPDIR:-/tmp}/tierfs-docker-test.XXXXXX")
 dockerd_pid=""
 container=""
+installed_list=$work/installed-packages  # what apt_install added (a file: it may run in $(...))
+mounts_before=""    # /proc/mounts before our dockerd started: what it added is ours to undo
 
 unmount_under() {  # lazily unmount anything left mounted below $1 (debootstrap's /proc etc.)
   local m
   for m in $(awk -v p="$1/" 'index($2, p) == 1 {print $2}' /proc/mounts | sort -r); do
     umount -l "$m" 2>/dev/null || true
+  done
+}
+
+unmount_dockerd_leftovers() {  # mounts our dockerd made and left behind (netns, overlays)
+  local m
+  for m in $(awk '{print $2}' /proc/mounts | sort -r); do
+    case "$m" in /run/docker|/run/docker/*|/run/containerd|/run/containerd/*|/var/lib/docker|/var/lib/docker/*|/var/lib/containerd|/var/lib/containerd/*) ;;
+      *) continue ;;
+    esac
+    grep -qxF "$m" <<<"$mounts_before" && continue
+    umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || say "could not unmount $m"
   done
 }
 
@@ -60,10 +77,16 @@ cleanup() {
       kill -KILL "$dockerd_pid" 2>/dev/null || true
     fi
     wait "$dockerd_pid" 2>/dev/null || true
+    unmount_dockerd_leftovers
   fi
+  local pkgs=""
+  [ -f "$installed_list" ] && pkgs=$(paste -sd' ' "$installed_list")
   unmount_under "$work"
   rm -rf "$work"
   say "total time $(( $(date +%s) - start_time ))s"
+  if [ -n "$pkgs" ]; then
+    say "installed $pkgs (apt) and left them installed; remove them with: apt-get purge $pkgs && apt-get autoremove --purge"
+  fi
   exit "$rc"
 }
 trap cleanup EXIT
@@ -76,8 +99,13 @@ apt_install() {
   is_root || die "need root to install $* (apt-get)"
   command -v apt-get >/dev/null 2>&1 || die "cannot install $*: no apt-get here"
   say "installing $* (apt-get)"
+  local p new=()
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || new+=("$p")
+  done
   DEBIAN_FRONTEND=noninteractive apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+  [ "${#new[@]}" -eq 0 ] || printf '%s\n' "${new[@]}" >>"$installed_list"
 }
 
 # ---- a Docker engine ----------------------------------------------------------------------
@@ -93,6 +121,7 @@ ensure_docker() {
   is_root || die "no Docker engine answers (docker info: $(docker info 2>&1 | tail -n 1)); run as root to start one"
   local log="$work/dockerd.log"
   say "no Docker engine answers; starting dockerd (log: $log while it runs)"
+  mounts_before=$(awk '{print $2}' /proc/mounts)
   dockerd --iptables=false --ip-masq=false --bridge=none >"$log" 2>&1 &
   dockerd_pid=$!
   for _ in $(seq 1 120); do

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Install everything needed, then run the whole test suite (unit, component and
-# mounted FUSE tests against a moto S3 server that the tests start themselves).
+# Install what is missing, then run the whole test suite (unit, component and mounted FUSE
+# tests against a moto S3 server that the tests start themselves). Extra arguments go to
+# pytest: bash scripts/test.sh tests/unit -k config
+# install.sh skips pip when .venv is already up to date (its stamp), so only the first run,
+# on a clean checkout as in CI, or a run after pyproject.toml changed, installs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
