@@ -163,8 +163,8 @@ OPTIONS = (
     Option("log_level", "str", "daemon log level", ("DEBUG", "INFO", "WARNING", "ERROR")),
     Option("force", "bool", "take over the filesystem from another node known to be dead"),
     Option("fault_file", "str", "tests only", hidden=True),
-    Option("meta_map_size", "size", "initial LMDB map size", hidden=True, low=1 << 20),
-    Option("meta_max_map_size", "size", "largest LMDB map size", hidden=True, low=1 << 20),
+    Option("meta_map_size", "size", "initial LMDB map size", hidden=True, low=1 << 16),
+    Option("meta_max_map_size", "size", "largest LMDB map size", hidden=True, low=1 << 16),
 )
 _BY_NAME = {o.name: o for o in OPTIONS}
 _DEFAULTS = MountConfig("", "", "")
