@@ -104,7 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        return _run(sys.argv[1:] if argv is None else argv)
+        rc = _run(sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()  # a pipe buffers: the reader may be gone by now
+        return rc
     except BrokenPipeError:  # output piped into head & co., which stopped reading
         # Python would complain again when it flushes stdout at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
