@@ -12,9 +12,11 @@ of every row (PASS/FAIL), and writes every raw figure to a JSON file.
 Workloads (full sizes; --quick uses smaller ones, --size-scale multiplies them):
   W1  checkpoint write: one 2 GiB file in 1 MiB writes, then fsync
   W2  large-file read, 1 MiB reads: hot (page cache dropped), warm, and (tierfs only)
-      cold from the bucket, next to the S3 server's raw GET rate at 8 threads
+      cold from the bucket, next to the S3 server's raw GET rate at 8 threads; hot and
+      warm again through tierfs.open (direct reads), against the local plain reads
   W3  small files: create 20,000 x 64 KiB in 100 directories; read them all in random
-      order with 8 reader processes, hot (page cache dropped) and warm
+      order with 8 reader processes, hot (page cache dropped) and warm; then (tierfs)
+      through tierfs.open, and warm through tierfs.open_many of 64 files at a time
   W4  metadata: stat every W3 file with cold caches; `ls -lR` of the tree (cold too)
   W5  mixed: W2's sequential read concurrently with a 1 GiB checkpoint write + fsync
   W6  training-loop stall: 8 prefetching loader processes feed batches of 32 W3 files
@@ -498,23 +500,31 @@ def ensure_small_files(t, cfg: Config) -> None:
         create_small_files(t, cfg)
 
 
-def read_rate(path: str, expect: int) -> float:
+def read_rate(path: str, expect: int, direct: bool = False) -> float:
     buf = bytearray(1 * MiB)
+    opener = open
+    if direct:
+        import tierfs
+        opener = tierfs.open
     t0 = time.monotonic()
-    n = bw.read_whole(path, buf)
+    n = bw.read_whole(path, buf, opener)
     dt = time.monotonic() - t0
     if n != expect:
         raise RuntimeError(f"read {n} bytes of {path}, expected {expect}")
     return n / MiB / dt
 
 
-def parallel_read_rate(paths: list[str], cfg: Config, seed: int) -> float:
-    """Files/s of `threads` processes reading disjoint shares of a shuffled list."""
+def parallel_read_rate(paths: list[str], cfg: Config, seed: int,
+                       direct: int | None = None) -> float:
+    """Files/s of `threads` processes reading disjoint shares of a shuffled list;
+    direct: through tierfs.open (0) or tierfs.open_many of that many files."""
     order = list(paths)
     random.Random(seed).shuffle(order)
     n = cfg.threads
     shares = [order[len(order) * i // n:len(order) * (i + 1) // n] for i in range(n)]
-    out, elapsed = run_parallel([(bw.read_share, share) for share in shares])
+    jobs = ([(bw.read_share, share) for share in shares] if direct is None else
+            [(bw.read_share_direct, share, direct) for share in shares])
+    out, elapsed = run_parallel(jobs)
     files = sum(r[1] for r in out)
     nbytes = sum(r[2] for r in out)
     if files != len(paths) or nbytes != len(paths) * cfg.small_file_bytes:
@@ -542,7 +552,10 @@ def w2_large_read(t, cfg: Config, ctx: dict) -> dict:
     drop_caches()
     out = {"w2_hot_MiBps": read_rate(path, cfg.ckpt_bytes)}
     out["w2_warm_MiBps"] = read_rate(path, cfg.ckpt_bytes)
-    if t.name == "tierfs":
+    if t.name == "tierfs":  # the same through tierfs.open (the direct path)
+        drop_caches()
+        out["w2_hot_direct_MiBps"] = read_rate(path, cfg.ckpt_bytes, direct=True)
+        out["w2_warm_direct_MiBps"] = read_rate(path, cfg.ckpt_bytes, direct=True)
         info = t.cold_data(path)
         if info["hot_bytes_after_release"]:
             log(f"WARNING: {info['hot_bytes_after_release']} bytes still hot after release")
@@ -567,6 +580,11 @@ def w3_small_files(t, cfg: Config, ctx: dict) -> dict:
         # Where the time goes: daemon CPU per FUSE request, and requests per file.
         out["w3_warm_cpu_us_per_request"] = (after[0] - before[0]) / (after[1] - before[1]) * 1e6
         out["w3_warm_requests_per_file"] = (after[1] - before[1]) / len(paths)
+    if t.name == "tierfs":  # the same through tierfs.open, and open_many of 64 files
+        drop_caches()
+        out["w3_read_hot_direct_fps"] = parallel_read_rate(paths, cfg, ctx["seed"] + 1, 0)
+        out["w3_read_warm_direct_fps"] = parallel_read_rate(paths, cfg, ctx["seed"] + 2, 0)
+        out["w3_read_warm_batch_fps"] = parallel_read_rate(paths, cfg, ctx["seed"] + 2, 64)
     return out
 
 
@@ -893,10 +911,20 @@ def build_rows(results: dict) -> list[Row]:
         ("W1 upload (sync --wait)", "MiB/s", "w1_upload_MiBps", "", ">=", 0),
         ("W2 read hot (cache dropped)", "MiB/s", "w2_hot_MiBps", "ratio", ">=", 0.8),
         ("W2 read warm (page cache)", "MiB/s", "w2_warm_MiBps", "ratio", ">=", 0.8),
+        ("W2 read hot, tierfs.open", "MiB/s", "w2_hot_direct_MiBps", "ratio", ">=", 0.8,
+         "w2_hot_MiBps"),
+        ("W2 read warm, tierfs.open", "MiB/s", "w2_warm_direct_MiBps", "ratio", ">=", 0.8,
+         "w2_warm_MiBps"),
         ("W3 create 64 KiB files", "files/s", "w3_create_fps", "ratio", ">=", 0.25),
         ("W3 upload (sync --wait)", "files/s", "w3_upload_fps", "", ">=", 0),
         ("W3 read x8 hot", "files/s", "w3_read_hot_fps", "ratio", ">=", 0.5),
         ("W3 read x8 warm", "files/s", "w3_read_warm_fps", "ratio", ">=", 0.5),
+        ("W3 read x8 hot, tierfs.open", "files/s", "w3_read_hot_direct_fps", "ratio", ">=",
+         0.5, "w3_read_hot_fps"),
+        ("W3 read x8 warm, tierfs.open", "files/s", "w3_read_warm_direct_fps", "ratio", ">=",
+         0.5, "w3_read_warm_fps"),
+        ("W3 read x8 warm, open_many(64)", "files/s", "w3_read_warm_batch_fps", "ratio", ">=",
+         0.5, "w3_read_warm_fps"),
         ("W3 warm: daemon CPU per FUSE request", "us", "w3_warm_cpu_us_per_request", "", ">=", 0),
         ("W3 warm: FUSE requests per file", "req", "w3_warm_requests_per_file", "", ">=", 0),
         ("W4 stat, caches cold", "ops/s", "w4_stat_ops", "ratio", ">=", 0.25),
@@ -911,8 +939,9 @@ def build_rows(results: dict) -> list[Row]:
         ("W6 torch busy, warm epoch", "%", "w6_torch_busy_warm_pct", "value", ">=", 95),
     ]
     rows = []
-    for name, unit, key, check, op, target in specs:
-        ref, val = s("local", key), s("tierfs", key)
+    for name, unit, key, check, op, target, *ref_key in specs:
+        # A direct-path row compares with the local figure of its plain workload.
+        ref, val = s("local", ref_key[0] if ref_key else key), s("tierfs", key)
         if val:
             rows.append(Row(name, unit, ref, val, check, op, target,
                             ref_name="local" if ref else "-"))

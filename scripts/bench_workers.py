@@ -16,11 +16,12 @@ import traceback
 BLOCK = 1 << 20
 
 
-def read_whole(path: str, buf: bytearray) -> int:
-    """Read a file to its end with unbuffered reads of len(buf) bytes; return its size."""
+def read_whole(path: str, buf: bytearray, opener=open) -> int:
+    """Read a file to its end with unbuffered reads of len(buf) bytes; return its size.
+    opener: open, or tierfs.open for the direct path."""
     view = memoryview(buf)
     total = 0
-    with open(path, "rb", buffering=0) as f:
+    with opener(path, "rb", buffering=0) as f:
         while True:
             n = f.readinto(view)
             if not n:
@@ -50,6 +51,27 @@ def read_share(paths: list[str], barrier, results) -> None:
         barrier.wait()
         t0 = time.monotonic()
         nbytes = sum(read_whole(p, buf) for p in paths)
+        results.put(("ok", len(paths), nbytes, time.monotonic() - t0))
+    except BaseException:
+        results.put(("error", traceback.format_exc()))
+
+
+def read_share_direct(paths: list[str], batch: int, barrier, results) -> None:
+    """read_share through tierfs.open (batch 0), or tierfs.open_many per `batch` files.
+    tierfs is imported here only: it is the code under test, not the driver."""
+    try:
+        import tierfs
+        buf = bytearray(BLOCK)
+        barrier.wait()
+        t0 = time.monotonic()
+        nbytes = 0
+        if not batch:
+            nbytes = sum(read_whole(p, buf, tierfs.open) for p in paths)
+        for at in range(0, len(paths) if batch else 0, batch or 1):
+            for f in tierfs.open_many(paths[at:at + batch], buffering=0):
+                with f:
+                    while n := f.readinto(buf):
+                        nbytes += n
         results.put(("ok", len(paths), nbytes, time.monotonic() - t0))
     except BaseException:
         results.put(("error", traceback.format_exc()))

@@ -3,5 +3,7 @@
 __version__ = "0.1.0"
 
 from .hints import HintingSampler, hint  # noqa: E402  (the public data-loader API)
+from .direct import open, open_many  # noqa: E402,F401,A001  (tierfs.open: direct reads)
 
-__all__ = ["HintingSampler", "hint", "__version__"]
+# `open` stays out of __all__: `from tierfs import *` must not replace the builtin.
+__all__ = ["HintingSampler", "hint", "open_many", "__version__"]

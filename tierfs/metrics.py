@@ -28,6 +28,9 @@ _COUNTERS = {
     "checkpoints": ("tierfs_checkpoints", "Metadata checkpoints written", {}),
     "readahead_extents": ("tierfs_readahead_extents", "Extents fetched by readahead", {}),
     "backpressure_waits": ("tierfs_backpressure_waits", "Writer waits for hot tier room", {}),
+    "direct_open_files": ("tierfs_direct_open_files", "Files opened by tierfs.open (direct reads)", {}),
+    "direct_extents": ("tierfs_direct_extent_files", "Hot extent files handed to direct readers", {}),
+    "direct_bytes": ("tierfs_direct_bytes", "Bytes of the extent files handed to direct readers", {}),
 }
 
 

@@ -74,6 +74,10 @@ def _print_mount(out: dict) -> None:
           f"{plural(c.get('uploads', 0), 'upload')} ({format_size(c.get('upload_bytes', 0))}), "
           f"{plural(c.get('cold_reads', 0), 'fetch', 'fetches')} "
           f"({format_size(c.get('cold_read_bytes', 0))})")
+    if c.get("direct_open_files"):  # tierfs.open() readers, served outside FUSE
+        print(f"direct reads {plural(c['direct_open_files'], 'file')} opened, "
+              f"{format_size(c.get('direct_bytes', 0))} in "
+              f"{plural(c.get('direct_extents', 0), 'extent file')} handed out")
     print(f"hot tier     {plural(c.get('evictions', 0), 'eviction')}, "
           f"{plural(c.get('backpressure_waits', 0), 'writer wait')} for room")
     bad_cold, bad_hot = c.get("checksum_errors", 0), c.get("hot_checksum_errors", 0)

@@ -18,6 +18,7 @@ import time
 import trio
 
 from ..errors import ColdStoreError, FsError, TierfsError
+from ..fs.direct import DirectOpen
 from ..fs.ops import CONTROL_XATTR, STATE_XATTR
 from ..meta import scan
 from ..meta.schema import ROOT_INO
@@ -28,6 +29,8 @@ log = logging.getLogger(__name__)
 
 # Entries a `status DIR` walk visits at most (about a second per 100,000 files).
 TREE_LIMIT = 1_000_000
+# Bytes of one request line at most (256 direct_open paths of 4 KiB each fit).
+MAX_REQUEST = 8 << 20
 
 
 def _add_extent(out: dict, ext, length: int) -> None:
@@ -112,6 +115,20 @@ def _existing_inodes(meta, inos: list[int]) -> list:
         return out
 
 
+class Reply:
+    """Sends JSON lines on one control connection. `stream` is there for commands
+    that need the socket itself (peer credentials, descriptors); one that sends the
+    final line itself (along with its last data: a wakeup less) sets `finished`."""
+
+    def __init__(self, stream: trio.SocketStream, conn: dict | None = None):
+        self.stream = stream
+        self.conn = {} if conn is None else conn  # per connection, across its requests
+        self.finished = False
+
+    async def __call__(self, obj) -> None:
+        await self.stream.send_all(json.dumps(obj).encode() + b"\n")
+
+
 class Control:
     def __init__(self, daemon):
         self.daemon = daemon
@@ -123,6 +140,9 @@ class Control:
                          "release": self.cmd_release, "pin": self.cmd_pin,
                          "unpin": self.cmd_unpin, "scrub": self.cmd_scrub,
                          "hint": self.cmd_hint}
+        self.direct = DirectOpen(daemon)
+        self.commands["direct_open"] = self.direct.cmd_direct_open
+        self.keep_alive = {"direct_open"}  # commands whose connection serves more requests
 
     # ---- virtual xattrs ------------------------------------------------------------
     def info(self) -> dict:
@@ -383,7 +403,9 @@ class Control:
             pass
         sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         await sock.bind(path)
-        os.chmod(path, 0o666)  # any local user may ask; file access stays kernel-checked
+        # Any local user may ask: file access stays kernel-checked, and direct opens
+        # are checked by the daemon as the kernel would, on the peer's credentials.
+        os.chmod(path, 0o666)
         sock.listen(64)
         async with trio.open_nursery() as nursery:
             while True:
@@ -391,29 +413,39 @@ class Control:
                 nursery.start_soon(self._handle, trio.SocketStream(conn))
 
     async def _handle(self, stream: trio.SocketStream) -> None:
-        async def reply(obj):
-            await stream.send_all(json.dumps(obj).encode() + b"\n")
-
+        conn: dict = {}  # what commands keep about the connection (the peer's credentials)
         try:
             async with stream:
                 buf = b""
-                while b"\n" not in buf:
-                    chunk = await stream.receive_some(65536)
-                    if not chunk:
+                while True:
+                    while b"\n" not in buf:
+                        if len(buf) > MAX_REQUEST:
+                            await Reply(stream)({"ok": False, "error": "request too long"})
+                            return
+                        chunk = await stream.receive_some(65536)
+                        if not chunk:
+                            return
+                        buf += chunk
+                    line, buf = buf.split(b"\n", 1)
+                    req = json.loads(line)
+                    reply = Reply(stream, conn)
+                    cmd = req.get("cmd")
+                    handler = self.commands.get(cmd)
+                    if handler is None:
+                        await reply({"ok": False, "error": f"unknown command {cmd!r}"})
                         return
-                    buf += chunk
-                req = json.loads(buf.split(b"\n", 1)[0])
-                handler = self.commands.get(req.get("cmd"))
-                if handler is None:
-                    await reply({"ok": False, "error": f"unknown command {req.get('cmd')!r}"})
-                    return
-                try:
-                    result = await handler(req, reply)
-                    await reply({"ok": True, **(result or {})})
-                except FsError as e:
-                    await reply({"ok": False, "error": os.strerror(e.errno), "errno": e.errno})
-                except TierfsError as e:
-                    await reply({"ok": False, "error": str(e)})
+                    try:
+                        result = await handler(req, reply)
+                        if not reply.finished:
+                            await reply({"ok": True, **(result or {})})
+                    except FsError as e:
+                        await reply({"ok": False, "error": os.strerror(e.errno), "errno": e.errno})
+                    except TierfsError as e:
+                        await reply({"ok": False, "error": str(e)})
+                    # A loader opening file after file keeps its connection: no
+                    # accept and no new task per file.
+                    if not (req.get("keep") and cmd in self.keep_alive):
+                        return
         except (trio.BrokenResourceError, trio.ClosedResourceError, ValueError) as e:
             log.debug("control connection dropped: %s", e)
         except Exception:

@@ -1,0 +1,530 @@
+"""tierfs.open: direct reads from the hot extent files, through a real mount.
+
+Every test that claims the direct path checks the daemon's counters, so a silent
+fallback to open() fails it. The mount point and cache dir live in a directory any
+user can reach (pytest's tmp_path is private to root), for the tests as other users.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import errno
+import io
+import json
+import logging
+import os
+import pickle
+import shutil
+import socket
+import tempfile
+import zipfile
+
+import pytest
+
+import tierfs
+from tierfs import direct as tdirect
+from tests.harness import write_file
+from tests.fuse.test_tiering import pattern
+from tierfs.mountpoint import mounts
+
+E = 64 << 10  # extent size of these mounts
+NOBODY = 65534
+STAFF = 4242  # a group only the tests use
+
+
+@pytest.fixture
+def pub(mount_factory):
+    """make(*mount args) -> a started Mount (64 KiB extents) below a public directory."""
+    base = tempfile.mkdtemp(prefix="tierfs-direct-", dir="/tmp")
+    os.chmod(base, 0o755)
+    made = []
+
+    def make(*args, name="m"):
+        m = mount_factory(args=("--extent-size", "64K", *args), start=False, name=name)
+        m.mountpoint = os.path.join(base, f"{name}-mnt")
+        m.cache_dir = os.path.join(base, f"{name}-cache")
+        os.makedirs(m.mountpoint)
+        made.append(m)
+        m.start()
+        return m
+
+    yield make
+    problems = []
+    for m in made:  # before the directory goes (mount_factory's own cleanup is later)
+        m.cleanup()
+        problems += m.unexpected_log_lines()
+    if not any(p.startswith(base + "/") for p in mounts()):
+        shutil.rmtree(base, ignore_errors=True)
+    if problems:
+        pytest.fail("daemon logged unexpected errors:\n" + "\n".join(problems[:20]))
+
+
+def counters(m) -> dict:
+    res = m.cli("status", m.mountpoint, "--json", check=True)
+    return json.loads(res.stdout)["counters"]
+
+
+def grew(before: dict, after: dict, key: str) -> int:
+    return after.get(key, 0) - before.get(key, 0)
+
+
+def file_state(m, path) -> dict:
+    return json.loads(m.cli("status", path, "--json", check=True).stdout)["file"]
+
+
+def hot_file(m, path: str, idx: int) -> str:
+    """The hot tier file of extent `idx` (layout of tierfs.hot.HotStore.path)."""
+    ino = os.stat(path).st_ino
+    return os.path.join(m.cache_dir, "hot", f"{ino & 0xff:02x}", f"{ino:x}.{idx:x}")
+
+
+def write_sparse(path: str) -> bytes:
+    """Extent 0 written, extents 1-2 a hole, extent 3 written in part: 3E + 5000 + 123."""
+    head, tail = pattern(E, 1), pattern(5000, 2)
+    with open(path, "wb") as f:
+        f.write(head)
+        f.seek(3 * E + 123)
+        f.write(tail)
+    return head + bytes(2 * E + 123) + tail
+
+
+def is_direct(f) -> bool:
+    return isinstance(getattr(f, "raw", f), tdirect.DirectFile)
+
+
+def raw_request(m, req: dict) -> tuple[list, dict]:
+    """A direct_open request sent by hand (no client-side checks): its results and
+    final line. Descriptors that come along are closed."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(os.path.join(m.cache_dir, "control.sock"))
+    sock.sendall(json.dumps({"cmd": "direct_open", **req}).encode() + b"\n")
+    buf, results = b"", []
+    with sock:
+        while True:
+            data, anc, _flags, _ = sock.recvmsg(1 << 16, socket.CMSG_SPACE(253 * 4))
+            for _level, _kind, cdata in anc:
+                for i in range(0, len(cdata) - len(cdata) % 4, 4):
+                    os.close(int.from_bytes(cdata[i:i + 4], "little", signed=True))
+            if not data:
+                raise AssertionError("connection closed without a final line")
+            buf += data
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                obj = json.loads(line)
+                if "direct" not in obj:
+                    return results, obj
+                results += obj["direct"]
+
+
+def as_user(uid: int, gid: int, groups: list[int], fn):
+    """Run fn() in a forked child with uid/gid/groups; its JSON-able result, or
+    {"errno": e, "type": name} for an OSError."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # never return into pytest
+        code = 0
+        try:
+            os.close(r)
+            os.setgroups(groups)
+            os.setgid(gid)
+            os.setuid(uid)
+            try:
+                out = fn()
+            except OSError as e:
+                out = {"errno": e.errno, "type": type(e).__name__}
+            os.write(w, json.dumps(out).encode())
+        except BaseException as e:  # noqa: BLE001 - report anything to the parent
+            os.write(w, json.dumps({"__error__": repr(e)}).encode())
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    out = json.loads(data)
+    assert not (isinstance(out, dict) and "__error__" in out), out
+    return out
+
+
+# ---- contents and the file object --------------------------------------------------------
+
+def test_contents_of_every_shape_of_file(pub):
+    m = pub()
+    files = {
+        "empty": b"",
+        "small": pattern(1000, 3),
+        "exact": pattern(2 * E, 4),
+        "odd": pattern(5 * E + 17, 5),
+        "big": pattern(70 * E + 999, 6),   # more than one range of 64 descriptors
+    }
+    for name, data in files.items():
+        write_file(m.path(name), data)
+    files["sparse"] = write_sparse(m.path("sparse"))
+    before = counters(m)
+    for name, data in files.items():
+        with tierfs.open(m.path(name), "rb") as f:
+            assert is_direct(f), name
+            assert f.read() == data, name
+            assert f.read() == b""
+    after = counters(m)
+    assert grew(before, after, "direct_open_files") == len(files)
+    # one descriptor per extent that has data: the sparse file's hole has none
+    extents = 0 + 1 + 2 + 6 + 71 + 2
+    assert grew(before, after, "direct_extents") == extents
+    assert grew(before, after, "direct_bytes") == sum(map(len, files.values())) - 2 * E
+    assert grew(before, after, "direct_requests") == len(files) + 1  # "big" asked twice
+    shown = m.cli("status", m.mountpoint, check=True).stdout
+    assert f"direct reads {len(files)} files opened" in shown
+
+
+def test_seek_tell_read_and_readinto(pub):
+    m = pub()
+    data = pattern(4 * E + 4321, 7)
+    write_file(m.path("f"), data)
+    with tierfs.open(m.path("f"), "rb") as f:
+        assert f.name == m.path("f") and f.mode == "rb"
+        assert f.readable() and f.seekable() and not f.writable()
+        assert f.read(10) == data[:10] and f.tell() == 10
+        f.seek(E - 5)
+        assert f.read(10) == data[E - 5:E + 5]          # across an extent boundary
+        assert f.seek(-100, io.SEEK_END) == len(data) - 100
+        assert f.read() == data[-100:]
+        f.seek(E, io.SEEK_SET)
+        assert f.seek(3, io.SEEK_CUR) == E + 3
+        buf = bytearray(2 * E)
+        assert f.readinto(buf) == 2 * E and bytes(buf) == data[E + 3:3 * E + 3]
+        f.seek(len(data) + 10)
+        assert f.read(5) == b"" and f.readinto(bytearray(5)) == 0
+        with pytest.raises(OSError) as e:
+            f.seek(-1)
+        assert e.value.errno == errno.EINVAL
+        with pytest.raises(io.UnsupportedOperation):
+            f.fileno()
+    with pytest.raises(ValueError):
+        f.read(1)
+    with tierfs.open(m.path("f"), "rb", buffering=0) as raw:  # unbuffered: the raw reader
+        assert isinstance(raw, tdirect.DirectFile)
+        view = memoryview(bytearray(3 * E))
+        assert raw.readinto(view[:E + 7]) == E + 7 and view[:E + 7] == data[:E + 7]
+        assert raw.readall() == data[E + 7:]
+
+
+def test_libraries_read_through_it(pub):
+    m = pub()
+    obj = {"weights": list(range(5000)), "blob": pattern(3 * E, 8)}
+    with open(m.path("obj.pkl"), "wb") as f:
+        pickle.dump(obj, f)
+    with zipfile.ZipFile(m.path("a.zip"), "w") as z:
+        z.writestr("x.bin", pattern(2 * E, 9))
+        z.writestr("y.txt", "hello")
+    before = counters(m)
+    with tierfs.open(m.path("obj.pkl"), "rb") as f:
+        assert pickle.load(f) == obj
+    with tierfs.open(m.path("a.zip"), "rb") as f, zipfile.ZipFile(f) as z:
+        assert z.read("x.bin") == pattern(2 * E, 9) and z.read("y.txt") == b"hello"
+    assert grew(before, counters(m), "direct_open_files") == 2
+
+
+def test_data_written_through_the_mount_is_seen_after_close(pub):
+    m = pub()
+    with open(m.path("f"), "wb") as f:
+        f.write(pattern(E + 10, 10))
+    with open(m.path("f"), "r+b") as f:   # rewrite the middle, then close
+        f.seek(E - 3)
+        f.write(b"NEW")
+    expect = bytearray(pattern(E + 10, 10))
+    expect[E - 3:E] = b"NEW"
+    with tierfs.open(m.path("f"), "rb") as f:
+        assert is_direct(f) and f.read() == bytes(expect)
+
+
+def test_open_many_resolves_a_batch_in_one_request(pub):
+    m = pub()
+    names = [f"s{i:02d}" for i in range(20)]
+    for i, name in enumerate(names):
+        write_file(m.path(name), pattern(1000 + i, i))
+    before = counters(m)
+    files = tierfs.open_many([m.path(n) for n in names])
+    try:
+        assert all(is_direct(f) for f in files)
+        assert [f.read() for f in files] == [pattern(1000 + i, i) for i in range(20)]
+    finally:
+        for f in files:
+            f.close()
+    after = counters(m)
+    assert grew(before, after, "direct_requests") == 1
+    assert grew(before, after, "direct_open_files") == 20
+    with pytest.raises(FileNotFoundError):
+        tierfs.open_many([m.path("s00"), m.path("missing")])
+
+
+def test_later_ranges_follow_the_open_file_not_its_name(pub):
+    m = pub()
+    old, new = pattern(80 * E, 11), pattern(80 * E, 12)
+    write_file(m.path("f"), old)
+    with tierfs.open(m.path("f"), "rb") as f:
+        assert f.read(E) == old[:E]
+        os.rename(m.path("f"), m.path("g"))
+        write_file(m.path("f"), new)
+        os.unlink(m.path("g"))             # unlinked while open: still readable
+        f.seek(70 * E)                     # beyond the first range of 64 extents
+        assert f.read() == old[70 * E:]
+
+
+def test_kept_connection_across_fork_and_remount(pub):
+    m = pub()
+    write_file(m.path("f"), pattern(E + 1, 19))
+    before = counters(m)
+    with tierfs.open(m.path("f"), "rb") as f:   # this thread now keeps a connection
+        assert is_direct(f)
+    child = as_user(0, 0, [], lambda: [is_direct(g) and g.read() == pattern(E + 1, 19)
+                                       for g in [tierfs.open(m.path("f"), "rb")]])
+    assert child == [True]                       # the child asked on a connection of its own
+    with tierfs.open(m.path("f"), "rb") as f:   # and the parent's still works
+        assert is_direct(f) and f.read() == pattern(E + 1, 19)
+    assert grew(before, counters(m), "direct_open_files") == 3
+    m.remount()  # the kept connection now leads to a daemon that is gone
+    with tierfs.open(m.path("f"), "rb") as f:
+        assert is_direct(f) and f.read() == pattern(E + 1, 19)
+    assert counters(m)["direct_open_files"] == 1
+
+
+# ---- tiering: cold, damaged, evicted -----------------------------------------------------
+
+def test_cold_file_is_fetched_then_read_directly(pub):
+    m = pub()
+    data = pattern(3 * E + 500, 13)
+    write_file(m.path("f"), data)
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    m.cli("release", m.path("f"), check=True)
+    assert file_state(m, m.path("f"))["hot"] == 0
+    before = counters(m)
+    with tierfs.open(m.path("f"), "rb") as f:
+        assert is_direct(f) and f.read() == data
+    after = counters(m)
+    assert grew(before, after, "cold_reads") == 4
+    assert grew(before, after, "direct_fetched_extents") == 4
+    assert grew(before, after, "direct_extents") == 4
+    assert file_state(m, m.path("f"))["hot"] == len(data)
+
+
+def test_damaged_hot_copy_is_detected_and_refetched(pub):
+    m = pub()
+    m.allowed_log.append("hot copy is damaged")
+    data = pattern(2 * E, 14)
+    write_file(m.path("f"), data)
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    m.remount()  # nothing verified since this mount
+    with open(hot_file(m, m.path("f"), 1), "r+b") as f:
+        f.seek(10)
+        f.write(b"\x00rot\x00")
+    before = counters(m)
+    with tierfs.open(m.path("f"), "rb") as f:
+        assert is_direct(f) and f.read() == data
+    after = counters(m)
+    assert grew(before, after, "hot_checksum_errors") == 1
+    assert grew(before, after, "cold_reads") == 1   # the damaged extent, from the bucket
+    assert grew(before, after, "direct_extents") == 2
+
+
+def test_descriptors_stay_valid_when_the_extents_are_evicted(pub):
+    m = pub()
+    data = pattern(3 * E, 15)
+    write_file(m.path("f"), data)
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    with tierfs.open(m.path("f"), "rb") as f:
+        assert is_direct(f) and f.read(100) == data[:100]
+        m.cli("release", m.path("f"), check=True)
+        assert file_state(m, m.path("f"))["hot"] == 0
+        assert not os.path.exists(hot_file(m, m.path("f"), 0))
+        before = counters(m)
+        assert f.read() == data[100:]
+    assert grew(before, counters(m), "cold_reads") == 0  # the old descriptors served it
+
+
+def test_reads_go_on_after_the_daemon_is_killed(pub):
+    m = pub()
+    data = pattern(5 * E + 1, 16)
+    write_file(m.path("f"), data)
+    f = tierfs.open(m.path("f"), "rb")
+    try:
+        assert is_direct(f) and f.read(10) == data[:10]
+        assert counters(m)["direct_extents"] == 6
+        m.kill9()
+        assert f.read() == data[10:]
+        f.seek(0)
+        assert f.read(E) == data[:E]
+    finally:
+        f.close()
+
+
+# ---- permissions -------------------------------------------------------------------------
+
+def test_permissions_for_other_users(pub):
+    m = pub()
+    os.makedirs(m.path("private"))
+    os.chmod(m.path("private"), 0o700)
+    specs = {"public": 0o644, "secret": 0o600, "staff": 0o640, "private/f": 0o644}
+    for name, mode in specs.items():
+        write_file(m.path(name), name.encode() * 100)
+        os.chmod(m.path(name), mode)
+    os.chown(m.path("staff"), 0, STAFF)
+
+    def try_open(name):
+        def run():
+            with tierfs.open(m.path(name), "rb") as f:
+                return {"direct": is_direct(f), "data": f.read().decode()}
+        return run
+
+    with tierfs.open(m.path("secret"), "rb") as f:  # root's kept connection: the children
+        assert is_direct(f)                            # inherit it, and must not use it
+    before = counters(m)
+    got = {name: as_user(NOBODY, NOBODY, [], try_open(name)) for name in specs}
+    assert got["public"] == {"direct": True, "data": "public" * 100}
+    assert got["secret"] == {"errno": errno.EACCES, "type": "PermissionError"}
+    assert got["staff"] == {"errno": errno.EACCES, "type": "PermissionError"}
+    assert got["private/f"] == {"errno": errno.EACCES, "type": "PermissionError"}
+    assert as_user(NOBODY, NOBODY, [STAFF], try_open("staff")) == {
+        "direct": True, "data": "staff" * 100}
+    after = counters(m)
+    assert grew(before, after, "direct_open_files") == 2
+    # secret and staff were refused by the daemon; private/f by the kernel already
+    # (the client's stat), so the daemon never saw it ...
+    assert grew(before, after, "direct_errors") == 2
+
+    # ... but a client that skips its own checks gets the same answers from the daemon.
+    def ask(names):
+        return lambda: [r.get("errno", 0) for r in raw_request(m, {"paths": names})[0]]
+    assert as_user(NOBODY, NOBODY, [], ask(list(specs))) == [
+        0, errno.EACCES, errno.EACCES, errno.EACCES]
+    assert as_user(NOBODY, NOBODY, [STAFF], ask(["staff", "private/f"])) == [0, errno.EACCES]
+    assert ask(list(specs))() == [0, 0, 0, 0]  # root reads everything
+
+
+def test_continuation_handles_belong_to_their_user(pub):
+    m = pub()
+    write_file(m.path("f"), pattern(3 * E, 17))
+    res, final = raw_request(m, {"paths": ["f"]})
+    assert final["ok"] and res[0]["extents"] == [[0, "fd"], [1, "fd"], [2, "fd"]]
+    again = {"ino": res[0]["ino"], "token": res[0]["token"], "first_extent": 1,
+             "last_extent": 2}
+    res2, _ = raw_request(m, again)
+    assert res2[0]["first"] == 1 and res2[0]["extents"] == [[1, "fd"], [2, "fd"]]
+    stolen = as_user(NOBODY, NOBODY, [], lambda: raw_request(m, again)[1])
+    assert stolen["ok"] is False and stolen["errno"] == errno.ESTALE
+    forged, final = raw_request(m, {**again, "token": "0" * 32})
+    assert final["errno"] == errno.ESTALE
+
+
+# ---- errors and fallbacks ----------------------------------------------------------------
+
+def test_errors_are_those_of_open(pub):
+    m = pub()
+    os.makedirs(m.path("d"))
+    write_file(m.path("d/f"), b"x")
+    with pytest.raises(FileNotFoundError) as e:
+        tierfs.open(m.path("d/missing"), "rb")
+    assert e.value.filename == m.path("d/missing")
+    with pytest.raises(IsADirectoryError):
+        tierfs.open(m.path("d"), "rb")
+    with pytest.raises(NotADirectoryError):
+        tierfs.open(m.path("d/f/x"), "rb")
+    # the daemon's own answers, for paths a client sends without looking first
+    res, _ = raw_request(m, {"paths": ["d", "d/missing", "d/f/x", "d/f"]})
+    assert [r.get("errno", 0) for r in res] == [errno.EISDIR, errno.ENOENT, errno.ENOTDIR, 0]
+
+
+def test_symlinks(pub, tmp_path):
+    m = pub()
+    data = pattern(E + 5, 18)
+    write_file(m.path("target"), data)
+    os.symlink("target", m.path("rel"))
+    os.symlink(m.path("target"), m.path("abs"))
+    write_file(str(tmp_path / "outside"), b"outside")
+    os.symlink(str(tmp_path / "outside"), m.path("out"))
+    before = counters(m)
+    for name in ("rel", "abs"):
+        with tierfs.open(m.path(name), "rb") as f:
+            assert is_direct(f) and f.read() == data
+    with tierfs.open(m.path("out"), "rb") as f:
+        assert not is_direct(f) and f.read() == b"outside"
+    after = counters(m)
+    assert grew(before, after, "direct_open_files") == 2
+    res, _ = raw_request(m, {"paths": ["out", "rel"]})
+    assert "use_mount" in res[0] and res[1]["size"] == len(data)
+
+
+def test_fallbacks_to_the_builtin_open(pub, tmp_path, caplog):
+    m = pub()
+    local = tmp_path / "local.bin"
+    local.write_bytes(b"local data")
+    before = counters(m)
+    tdirect._noted.clear()  # what this process has logged already
+    with caplog.at_level(logging.INFO, logger="tierfs.direct"):
+        with tierfs.open(str(local), "rb") as f:
+            assert isinstance(f.raw, io.FileIO) and f.read() == b"local data"
+        with tierfs.open(local, "rb") as f:   # a PathLike too
+            assert f.read() == b"local data"
+        with tierfs.open(m.path("w"), "wb") as f:
+            assert isinstance(f.raw, io.FileIO)
+            f.write(b"written through the mount")
+        with tierfs.open(m.path("w"), "r") as f:
+            assert f.read() == "written through the mount"
+    assert grew(before, counters(m), "direct_open_files") == 0
+    with open(m.path("w"), "rb") as f:
+        assert f.read() == b"written through the mount"
+    notes = [r.getMessage() for r in caplog.records if r.name == "tierfs.direct"]
+    assert sum("not on a tierfs mount" in n for n in notes) == 1   # once per reason
+    assert sum("mode 'wb'" in n for n in notes) == 1
+    assert all(r.levelno < logging.ERROR for r in caplog.records)
+
+
+def test_no_default_permissions_mount_reads_through_the_mount(pub):
+    m = pub("--no-default-permissions")
+    write_file(m.path("f"), b"data")
+    _res, final = raw_request(m, {"paths": ["f"]})
+    assert final["ok"] and "no-default-permissions" in final["use_mount"]
+    tdirect._mounts.clear()  # a fresh process's view: no cached answer
+    with tierfs.open(m.path("f"), "rb") as f:
+        assert not is_direct(f) and f.read() == b"data"
+    assert counters(m).get("direct_open_files", 0) == 0
+
+
+def test_unreachable_or_older_daemon_reads_through_the_mount(pub, caplog):
+    m = pub()
+    write_file(m.path("f"), b"data")
+    sock = os.path.join(m.cache_dir, "control.sock")
+    os.rename(sock, sock + ".away")
+    tdirect._noted.clear()
+    try:
+        tdirect._mounts.clear()
+        with caplog.at_level(logging.INFO, logger="tierfs.direct"):
+            with tierfs.open(m.path("f"), "rb") as f:          # nobody listens
+                assert not is_direct(f) and f.read() == b"data"
+            # a daemon of an older version: it does not know the command
+            old = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            old.bind(sock)
+            old.listen(1)
+            with old, concurrent.futures.ThreadPoolExecutor(1) as pool:
+                def answer():
+                    conn, _ = old.accept()
+                    with conn:
+                        conn.recv(65536)
+                        conn.sendall(b'{"ok": false, "error": "unknown command '
+                                     b'\'direct_open\'"}\n')
+                served = pool.submit(answer)
+                tdirect._mounts.clear()
+                with tierfs.open(m.path("f"), "rb") as f:
+                    assert not is_direct(f) and f.read() == b"data"
+                served.result(timeout=10)
+            os.unlink(sock)
+    finally:
+        os.rename(sock + ".away", sock)
+    notes = [r.getMessage() for r in caplog.records if r.name == "tierfs.direct"]
+    assert any("cannot reach the tierfs daemon" in n for n in notes)
+    assert any("does not offer direct reads" in n for n in notes)
+    assert all(r.levelno < logging.ERROR for r in caplog.records)
+    tdirect._mounts.clear()
+    with tierfs.open(m.path("f"), "rb") as f:
+        assert is_direct(f)
+    assert counters(m).get("direct_open_files") == 1

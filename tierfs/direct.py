@@ -1,0 +1,596 @@
+"""Direct reads of hot data: `tierfs.open(path, "rb")`, a drop-in for `open()`.
+
+    import tierfs
+    with tierfs.open("/mnt/tierfs/ds/shard-0001.tar", "rb") as f:
+        header = f.read(512)
+
+The daemon checks the path for the caller's credentials as the kernel would, makes
+the file's extents hot (fetching cold ones, verifying hot copies not yet verified
+since mount) and sends descriptors of the hot extent files over its control socket;
+reads are then preadv() calls on those descriptors, with no FUSE round trip and no
+daemon work per read. Holes and the tail of a short extent file read as zeros, up to
+the size the file had when it was opened.
+
+Anything the direct path does not cover falls back to the builtin `open()`, logged
+once per reason (never an error): another mode than "rb", a path outside a tierfs
+mount, a daemon that cannot be reached or does not offer direct reads, a mount run
+with --no-default-permissions, special files. Errors the daemon finds (no such file,
+permission denied, a directory) raise what `open()` raises.
+
+`fileno()` raises io.UnsupportedOperation: there is no single descriptor of the
+file, and libraries that test for one (numpy.load) then read through read() and
+readinto(), which stay on the direct path. Open the path with `open()` where a real
+descriptor is needed (mmap).
+"""
+from __future__ import annotations
+
+import array
+import errno
+import io
+import json
+import logging
+import os
+import resource
+import socket
+import stat
+import threading
+import time
+from dataclasses import dataclass, field
+
+from .client import daemon_info
+from .errors import UserError
+
+log = logging.getLogger(__name__)
+
+BUFFER_SIZE = 128 * 1024   # as open() on the mount buffers (the mount's st_blksize)
+MAX_PATHS = 256            # per request, as the daemon takes them
+RANGE = 64                 # extents the daemon hands out per file and request
+NEGATIVE_TTL = 30.0        # seconds a "not a tierfs mount" or "use the mount" answer is kept
+_ANC_SPACE = socket.CMSG_SPACE(253 * array.array("i").itemsize)  # the kernel's SCM_MAX_FD
+_ZEROS = bytes(1 << 20)
+_MODES = ("rb", "br")
+
+_lock = threading.Lock()
+_mounts: dict[int, tuple["_Mount | None", float]] = {}  # st_dev -> (mount, valid until)
+_noted: set[str] = set()
+
+
+def _note(reason: str, level: int = logging.INFO) -> None:
+    """Log why a file is opened with the builtin open(), once per reason."""
+    with _lock:
+        if reason in _noted:
+            return
+        _noted.add(reason)
+    log.log(level, "tierfs.open: using the builtin open(): %s", reason)
+
+
+class _Fallback(Exception):
+    """The direct path is not available for a request: use open(). `level` for the log."""
+
+    def __init__(self, reason: str, level: int = logging.WARNING, ttl: float | None = None,
+                 unreachable: bool = False):
+        super().__init__(reason)
+        self.level = level
+        self.ttl = ttl  # keep the answer for the mount this long (None: not at all)
+        self.unreachable = unreachable  # the connect failed: the mount may be a new one
+
+
+@dataclass(eq=False)
+class _Mount:
+    dev: int
+    socket: str
+    # (mount point as this process sees it, the directory of the filesystem mounted
+    # there), longest first: bind mounts of a subdirectory have a root other than "/".
+    roots: list[tuple[str, str]]
+    off_until: float = 0.0
+    off_reason: str = ""
+    max_fds: int = field(default_factory=lambda: _fd_budget())
+
+    def relative(self, path: str) -> str | None:
+        """The path relative to the filesystem's root, or None if it is not below
+        any of its mount points (by name, then with symlinks resolved). The daemon
+        follows the symlinks inside the mount; '..' after a symlink means what the
+        link's target says, so such paths are resolved here."""
+        lexical = ".." not in path.split("/")
+        for resolve in ((os.path.abspath, os.path.realpath) if lexical else (os.path.realpath,)):
+            candidate = resolve(path)
+            for point, root in self.roots:
+                if candidate == point or candidate.startswith(point.rstrip("/") + "/"):
+                    inner = candidate[len(point):].lstrip("/")
+                    return os.path.join(root.lstrip("/"), inner).rstrip("/") or "."
+        return None
+
+
+def _fd_budget() -> int:
+    """Descriptors one request may bring: a share of this process's limit."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 4096
+    return max(64, min(4096, soft // 4))
+
+
+def _mount_roots(dev: int) -> list[tuple[str, str]]:
+    """Where this process sees the filesystem with device number `dev` mounted."""
+    out = []
+    try:
+        with io.open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+            for line in f:
+                parts = line.split()
+                major, minor = parts[2].split(":")
+                if os.makedev(int(major), int(minor)) == dev:
+                    out.append((_unescape(parts[4]), _unescape(parts[3])))
+    except (OSError, ValueError, IndexError):
+        pass
+    return sorted(out, key=lambda r: -len(r[0]))
+
+
+def _unescape(s: str) -> str:
+    """mountinfo writes space, tab, newline and backslash as octal escapes."""
+    for code in ("\\040", "\\011", "\\012", "\\134"):
+        s = s.replace(code, chr(int(code[1:], 8)))
+    return s
+
+
+def _mount_of(path, dev: int) -> _Mount | None:
+    """The tierfs mount a file is on (cached per device number), or None."""
+    now = time.monotonic()
+    hit = _mounts.get(dev)
+    if hit is not None and hit[1] > now:
+        return hit[0]
+    roots = _mount_roots(dev)
+    mount, until = None, now + NEGATIVE_TTL
+    # The control xattr of a file needs read permission on it: ask the mount point
+    # first (usually readable), then the file and the directories above it.
+    probes = [point for point, _root in roots] + [path]
+    parent = os.path.dirname(os.path.abspath(path))
+    while parent not in probes and parent != "/":
+        probes.append(parent)
+        parent = os.path.dirname(parent)
+    for probe in probes:
+        try:
+            if os.stat(probe).st_dev != dev:
+                continue  # another filesystem mounted over it, or above the mount
+            info = daemon_info(probe)
+            mount = _Mount(dev, info["socket"], roots or [(info["mountpoint"], "/")])
+            until = float("inf")  # a dead daemon shows as a failed connect: forget it then
+            break
+        except (UserError, OSError, ValueError, KeyError):
+            continue
+    with _lock:
+        _mounts[dev] = (mount, until)
+    return mount
+
+
+def _forget(mount: _Mount) -> None:
+    with _lock:
+        for dev, (m, _until) in list(_mounts.items()):
+            if m is mount:
+                del _mounts[dev]
+
+
+class _Conn:
+    """A connection to a daemon kept by one thread of one process, for as long as
+    that process keeps its credentials (the daemon checks those of the connector)."""
+
+    def __init__(self, path: str):
+        self.owner = _identity()
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            self.sock.connect(path)
+        except BaseException:
+            self.sock.close()
+            raise
+
+
+def _identity() -> tuple:
+    return os.getpid(), os.geteuid(), os.getegid(), tuple(os.getgroups())
+
+
+_local = threading.local()
+
+
+def _exchange(mount: _Mount, req: dict) -> tuple[list[tuple[dict, list[int]]], dict]:
+    """One request: (each "direct" line with its descriptors, the final line), on
+    this thread's connection to the daemon; once more on a new connection if a kept
+    one turns out to be closed."""
+    conns = _local.__dict__.setdefault("conns", {})
+    conn = conns.pop(mount.socket, None)
+    if conn is not None and conn.owner != _identity():  # forked, or setuid since
+        conn.sock.close()
+        conn = None
+    for attempt in range(2):
+        fresh = conn is None
+        if fresh:
+            try:
+                conn = _Conn(mount.socket)
+            except OSError as e:
+                _forget(mount)
+                raise _Fallback(f"cannot reach the tierfs daemon at {mount.socket}: "
+                                f"{e.strerror}", unreachable=True) from None
+        try:
+            out = _talk(conn.sock, req)
+        except (_Fallback, OSError):
+            conn.sock.close()
+            conn = None
+            if fresh:
+                raise
+            continue  # the daemon closed the kept connection (restart, old version)
+        except BaseException:  # interrupted mid-answer: the connection is out of step
+            conn.sock.close()
+            raise
+        conns[mount.socket] = conn
+        return out
+    raise AssertionError("unreachable")
+
+
+def _talk(sock: socket.socket, req: dict) -> tuple[list[tuple[dict, list[int]]], dict]:
+    lines: list[tuple[dict, list[int]]] = []
+    pending: list[int] = []  # received descriptors not yet matched to their line
+    try:
+        sock.sendall(json.dumps({"cmd": "direct_open", "keep": True, **req}).encode() + b"\n")
+        buf = bytearray()
+        while True:
+            data, anc, flags, _addr = sock.recvmsg(1 << 16, _ANC_SPACE)
+            for level, kind, cdata in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds = array.array("i")
+                    fds.frombytes(cdata[:len(cdata) - len(cdata) % fds.itemsize])
+                    pending.extend(fds)
+            if flags & socket.MSG_CTRUNC:
+                raise _Fallback("descriptors from the daemon were cut off "
+                                "(too many open files?)")
+            if not data:
+                raise _Fallback("the tierfs daemon closed the connection without answering")
+            buf += data
+            while (end := buf.find(b"\n")) >= 0:
+                obj = json.loads(buf[:end])
+                del buf[:end + 1]
+                if "direct" not in obj:
+                    if buf or pending:
+                        raise _Fallback("the tierfs daemon's answer did not end cleanly")
+                    return lines, obj
+                n = int(obj.get("fds", 0))
+                if n > len(pending):
+                    raise _Fallback("the tierfs daemon's answer lacks descriptors")
+                lines.append((obj, pending[:n]))
+                del pending[:n]
+    except BaseException:
+        for _obj, fds in lines:
+            _close_all(fds)
+        raise
+    finally:
+        _close_all(pending)
+
+
+def _ask(mount: _Mount, req: dict) -> list[tuple[dict, list[int]]]:
+    """Results (with descriptors) of one request; _Fallback where open() must serve."""
+    if mount.off_until > time.monotonic():
+        raise _Fallback(mount.off_reason, logging.INFO)
+    lines, final = _exchange(mount, req)
+    try:
+        if final.get("ok"):
+            if final.get("use_mount"):
+                raise _Fallback(final["use_mount"], logging.INFO, ttl=NEGATIVE_TTL)
+            return [pair for obj, fds in lines for pair in _split(obj, fds)]
+        if final.get("errno"):
+            raise OSError(final["errno"], final.get("error") or os.strerror(final["errno"]))
+        why = str(final.get("error", "no reason given"))
+        if why.startswith("unknown command"):
+            raise _Fallback("the tierfs daemon does not offer direct reads (an older version)",
+                            logging.INFO, ttl=float("inf"))
+        raise _Fallback(f"the tierfs daemon refused direct reads: {why}")
+    except BaseException as e:
+        for _obj, fds in lines:
+            _close_all(fds)
+        if isinstance(e, _Fallback) and e.ttl is not None:
+            mount.off_until, mount.off_reason = time.monotonic() + e.ttl, str(e)
+        raise
+
+
+def _split(obj: dict, fds: list[int]):
+    """The results of one line, each with its share of the line's descriptors."""
+    at = 0
+    for res in obj["direct"]:
+        n = sum(1 for _idx, kind in res.get("extents", ()) if kind == "fd")
+        yield res, fds[at:at + n]
+        at += n
+
+
+def _close_all(fds) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+# ---- the file object ------------------------------------------------------------------------
+
+class DirectFile(io.RawIOBase):
+    """Raw reader over the hot extent files of one tierfs file. Extents come in
+    ranges of up to 64 descriptors; the next range is asked for when a read gets
+    there (the daemon fetches cold extents then). A range the daemon cannot give is
+    read through the mount."""
+
+    def __init__(self, name, path: str, mount: _Mount, res: dict, fds: list[int],
+                 mount_fd: int | None = None):
+        super().__init__()
+        self.name = name
+        self.mode = "rb"
+        self._path = os.path.abspath(path)  # for a mount descriptor opened later
+        self._mount = mount
+        self._ino, self._token = res["ino"], res["token"]
+        self._size, self._E = int(res["size"]), int(res["extent_size"])
+        self._last = (self._size - 1) // self._E if self._size else -1
+        self._pos = 0
+        self._lock = threading.Lock()
+        self._mount_fd = mount_fd
+        self._window: dict[int, int | None] = {}  # extent -> descriptor, None: the mount
+        self._lo, self._hi = 0, -1
+        # Sequential readers: where the last read ended, the last extent whose disk
+        # read was started, and how many extents ahead to start (doubling to 16).
+        self._next_pos, self._advised, self._ahead = 0, 0, 1
+        self._install(res, fds)
+
+    def _install(self, res: dict, fds: list[int]) -> None:
+        """Take a range from the daemon in place of the one held (whose descriptors close)."""
+        old = [fd for fd in self._window.values() if fd is not None]
+        window, it = {}, iter(fds)
+        for idx, kind in res["extents"]:
+            window[int(idx)] = next(it) if kind == "fd" else None
+        self._window, self._lo, self._hi = window, int(res["first"]), int(res["last"])
+        _close_all(old)
+
+    def _load(self, idx: int) -> None:
+        """Make extent `idx` part of the range held."""
+        last = min(self._last, idx + RANGE - 1)
+        req = {"ino": self._ino, "token": self._token, "first_extent": idx, "last_extent": last}
+        try:
+            (res, fds), = _ask(self._mount, req)
+            if "ino" not in res:
+                _close_all(fds)
+                raise _Fallback(res.get("use_mount") or res.get("error") or "no extents")
+            if int(res["last"]) < idx:  # the file shrank below it: zeros, as a hole
+                res = {**res, "first": idx, "last": last}
+            self._install(res, fds)
+        except (_Fallback, OSError, ValueError) as e:
+            level = e.level if isinstance(e, _Fallback) else logging.WARNING
+            _note(f"the next extents of an open file: {e}", level)
+            self._install({"extents": [[i, "mount"] for i in range(idx, last + 1)],
+                           "first": idx, "last": last}, [])
+
+    def _read_ahead(self, start: int, end: int) -> None:
+        """A sequential reader entering an extent gets the disk reads of the next ones
+        started (POSIX_FADV_WILLNEED, in parallel), as the daemon does for reads
+        through the mount: a new extent file would otherwise start its readahead small."""
+        idx = (end - 1) // self._E
+        sequential = start == self._next_pos
+        self._next_pos = end
+        if not sequential:  # a seek: random readers get nothing ahead
+            self._advised, self._ahead = idx, 1
+            return
+        if idx < self._advised:
+            return
+        for j in range(max(idx, self._advised) + 1, min(idx + self._ahead, self._hi) + 1):
+            fd = self._window.get(j)
+            if fd is not None:
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+                except OSError:
+                    pass
+        self._advised = max(self._advised, min(idx + self._ahead, self._hi))
+        self._ahead = min(self._ahead * 2, 16)
+
+    def _through_mount(self) -> int:
+        if self._mount_fd is None:
+            self._mount_fd = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
+        return self._mount_fd
+
+    # ---- io.RawIOBase ---------------------------------------------------------------------
+    def readinto(self, b) -> int:
+        with self._lock:
+            self._check_open()
+            view = memoryview(b).cast("B")
+            n = max(0, min(len(view), self._size - self._pos))
+            done = 0
+            E = self._E
+            if n:
+                self._read_ahead(self._pos, self._pos + n)
+            while done < n:
+                pos = self._pos + done
+                idx, off = divmod(pos, E)
+                chunk = min(n - done, E - off)
+                out = view[done:done + chunk]
+                if not self._lo <= idx <= self._hi:
+                    self._load(idx)
+                if idx not in self._window:
+                    _zero(out)  # a hole
+                else:
+                    fd = self._window[idx]
+                    got = (_pread(fd, out, off) if fd is not None
+                           else _pread(self._through_mount(), out, pos))
+                    _zero(out[got:])  # the short tail of an extent file
+                done += chunk
+            self._pos += n
+            return n
+
+    def readall(self) -> bytes:
+        with self._lock:
+            left = max(0, self._size - self._pos)
+        buf = bytearray(left)
+        n = self.readinto(buf)
+        return bytes(buf[:n]) if n < left else bytes(buf)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        with self._lock:
+            self._check_open()
+            base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}.get(whence)
+            if base is None:
+                raise ValueError(f"invalid whence ({whence}, should be 0, 1 or 2)")
+            pos = base + offset
+            if pos < 0:
+                raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+            self._pos = pos
+            return pos
+
+    def tell(self) -> int:
+        self._check_open()
+        return self._pos
+
+    def readable(self) -> bool:
+        self._check_open()
+        return True
+
+    def seekable(self) -> bool:
+        self._check_open()
+        return True
+
+    def writable(self) -> bool:
+        self._check_open()
+        return False
+
+    def fileno(self) -> int:
+        raise io.UnsupportedOperation(
+            "a tierfs direct file has no single descriptor: use open() for one")
+
+    def close(self) -> None:
+        if not self.closed:
+            with self._lock:
+                _close_all([fd for fd in self._window.values() if fd is not None])
+                self._window = {}
+                if self._mount_fd is not None:
+                    _close_all([self._mount_fd])
+                    self._mount_fd = None
+        super().close()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ValueError("I/O operation on closed file")
+
+    def __repr__(self) -> str:
+        return f"<tierfs.DirectFile name={self.name!r} size={self._size}>"
+
+
+def _pread(fd: int, out: memoryview, offset: int) -> int:
+    """Read into `out` up to the end of the file; the number of bytes read."""
+    done = 0
+    while done < len(out):
+        n = os.preadv(fd, [out[done:]], offset + done)
+        if n == 0:
+            break
+        done += n
+    return done
+
+
+def _zero(out: memoryview) -> None:
+    for at in range(0, len(out), len(_ZEROS)):
+        piece = out[at:at + len(_ZEROS)]
+        piece[:] = _ZEROS[:len(piece)]
+
+
+# ---- opening ------------------------------------------------------------------------------------
+
+def open(file, mode: str = "rb", buffering: int = -1, encoding=None, errors=None,
+         newline=None, closefd: bool = True, opener=None):
+    """open() for reading files on a tierfs mount straight from the hot tier.
+    Mode "rb" only; anything else is the builtin open()."""
+    if (isinstance(file, int) or mode not in _MODES or encoding is not None
+            or errors is not None or newline is not None or not closefd or opener is not None):
+        if mode not in _MODES:
+            _note(f"mode {mode!r} (direct reads are for mode 'rb')")
+        return io.open(file, mode, buffering, encoding, errors, newline, closefd, opener)
+    return _open_all([file], buffering)[0]
+
+
+def open_many(files, buffering: int = -1) -> list:
+    """tierfs.open(f, "rb") of every file, resolved by the daemon in as few requests
+    as possible (one per 256 files): for loaders that know their next batch. The
+    first error raises, after closing the files already opened."""
+    return _open_all(list(files), buffering)
+
+
+def _open_all(files: list, buffering: int) -> list:
+    out: list = [None] * len(files)
+    todo: dict[_Mount, list[tuple[int, str, object]]] = {}
+    try:
+        for i, file in enumerate(files):
+            path = os.fspath(file)
+            st = os.stat(path)  # what open() raises for a missing file or a closed path
+            if not stat.S_ISREG(st.st_mode):
+                out[i] = io.open(path, "rb", buffering)  # directories and devices: open() answers
+                continue
+            mount = _mount_of(path, st.st_dev)
+            rel = mount.relative(os.fsdecode(path)) if mount is not None else None
+            if rel is None and mount is not None:  # mounted elsewhere since it was cached?
+                _forget(mount)
+                mount = _mount_of(path, st.st_dev)
+                rel = mount.relative(os.fsdecode(path)) if mount is not None else None
+            if rel is None:
+                _note("not on a tierfs mount" if mount is None else
+                      f"{os.fsdecode(path)} is not below the mount point seen here")
+                out[i] = io.open(path, "rb", buffering)
+                continue
+            todo.setdefault(mount, []).append((i, rel, path))
+        for mount, items in todo.items():
+            for at in range(0, len(items), MAX_PATHS):
+                _open_direct(mount, items[at:at + MAX_PATHS], buffering, out)
+        return out
+    except BaseException:
+        for f in out:
+            if f is not None:
+                f.close()
+        raise
+
+
+def _open_direct(mount: _Mount, items: list, buffering: int, out: list,
+                 retry: bool = True) -> None:
+    try:
+        answers = _ask(mount, {"paths": [rel for _i, rel, _p in items],
+                               "max_fds": mount.max_fds})
+    except _Fallback as e:
+        if e.unreachable and retry:
+            # A device number cached for a mount that is gone may now be another
+            # mount's: ask the file again who serves it, once.
+            fresh = _mount_of(items[0][2], mount.dev)
+            rels = [fresh.relative(os.fsdecode(p)) if fresh else None for _i, _r, p in items]
+            if fresh is not None and fresh.socket != mount.socket and None not in rels:
+                _open_direct(fresh, [(i, rel, p) for (i, _r, p), rel in zip(items, rels)],
+                             buffering, out, retry=False)
+                return
+        _note(str(e), e.level)
+        for i, _rel, path in items:
+            out[i] = io.open(path, "rb", buffering)
+        return
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, os.fsdecode(items[0][2])) from None
+    got = {int(res["i"]): (res, fds) for res, fds in answers}
+    try:
+        for k, (i, _rel, path) in enumerate(items):
+            res, fds = got.pop(k, ({"use_mount": "no answer for this path"}, []))
+            out[i] = _file(mount, path, res, fds, buffering)
+    finally:
+        for _res, fds in got.values():
+            _close_all(fds)
+
+
+def _file(mount: _Mount, path, res: dict, fds: list[int], buffering: int):
+    if "errno" in res:
+        _close_all(fds)
+        raise OSError(int(res["errno"]), os.strerror(int(res["errno"])), path)
+    if "ino" not in res:
+        _close_all(fds)
+        _note(str(res.get("use_mount", "the daemon said so")))
+        return io.open(path, "rb", buffering)
+    mount_fd = None
+    try:
+        # A file that needs the mount now, or whose later ranges may (it could be
+        # renamed or unlinked meanwhile), holds a descriptor of it from the start.
+        if res.get("more") or any(kind != "fd" for _idx, kind in res["extents"]):
+            mount_fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        raw = DirectFile(path, path, mount, res, fds, mount_fd)
+    except BaseException:
+        _close_all(fds + ([mount_fd] if mount_fd is not None else []))
+        raise
+    if buffering == 0:
+        return raw
+    return io.BufferedReader(raw, buffering if buffering > 1 else BUFFER_SIZE)
