@@ -288,6 +288,46 @@ def test_damaged_or_deleted_hot_files_behind_our_back(s3m):
     assert err.value.errno == errno.EIO
 
 
+def _cache_whole_file(path: str) -> None:
+    """Put every page of a file in the page cache (as open()'s readahead would)."""
+    with open(path, "rb") as f:
+        while f.read(1 << 20):
+            pass
+
+
+def test_first_read_after_remount_verifies_a_cached_small_extent_inline(s3m):
+    m = s3m()
+    data = pattern(300_000, 21)
+    write_file(m.path("sample"), data)
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    m.umount()
+    _cache_whole_file(hot_files(m)[0])
+    m.start()  # a new mount: nothing verified yet
+    assert read_file(m.path("sample")) == data
+    c = status(m)["counters"]
+    assert c.get("hot_verified_inline", 0) == 1 and c.get("hot_checksum_errors", 0) == 0
+    assert c.get("cold_reads", 0) == 0
+
+
+def test_damaged_cached_small_extent_is_still_caught_after_remount(s3m):
+    m = s3m()
+    m.allowed_log.append("hot copy is damaged")
+    data = pattern(300_000, 22)
+    write_file(m.path("sample"), data)
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    m.umount()
+    path = hot_files(m)[0]
+    with open(path, "r+b") as f:
+        f.seek(200_000)
+        f.write(b"\x00rot\x00")
+    _cache_whole_file(path)  # the damaged bytes are what the page cache holds
+    m.start()
+    assert read_file(m.path("sample")) == data  # from the bucket, not the damaged copy
+    c = status(m)["counters"]
+    assert c.get("hot_checksum_errors", 0) == 1 and c.get("hot_verified_inline", 0) == 0
+    assert c.get("cold_reads", 0) == 1
+
+
 # ---- kill -9 at random moments -----------------------------------------------------
 
 WRITER = r"""

@@ -76,6 +76,26 @@ class HotStore:
                 self.nowait = False  # overlayfs, tmpfs: plain inline reads from now on
         return os.preadv(fd, [out], offset)
 
+    def read_whole_cached(self, ino: int, idx: int, limit: int) -> bytes | None:
+        """The first `limit` bytes of an extent file (all of it if shorter), only if
+        the page cache holds every one of them (RWF_NOWAIT); None otherwise.
+        FileNotFoundError if missing."""
+        if not self.nowait:
+            return None
+        fd = self._fd(ino, idx, False)
+        want = min(limit, os.fstat(fd).st_size)
+        buf = bytearray(want)
+        try:
+            got = os.preadv(fd, [buf], 0, os.RWF_NOWAIT) if want else 0
+        except BlockingIOError:
+            return None
+        except OSError as e:
+            if e.errno != errno.EOPNOTSUPP:
+                raise
+            self.nowait = False
+            return None
+        return bytes(buf) if got == want else None
+
     def will_need(self, ino: int, idx: int, length: int = 0) -> None:
         """Start reading an extent file (its first `length` bytes; 0: all) into the
         page cache (asynchronously)."""
