@@ -439,6 +439,9 @@ class DirectOpen:
         try:
             ext = self._record(ino, idx)
             if ext is not None and ext.hot and not self._ready(ino, idx, ext):
+                # A small copy in the page cache is checked here, without a thread hop.
+                if engine.verify_inline(ino, idx, ext) is not None:
+                    return True
                 if await engine.verify_hot_copy(ino, idx, ext):
                     return True
                 ext = self._record(ino, idx)

@@ -152,7 +152,7 @@ class Engine:
         key = (ino, idx)
         try:
             if self.verify_hot and key not in self.verified and not ext.dirty:
-                whole = self._verify_inline(ino, idx, ext)
+                whole = self.verify_inline(ino, idx, ext)
                 if whole is not None:  # checked on this thread, no hop: serve from it
                     piece = whole[offset:offset + len(out)]
                     out[:len(piece)] = piece
@@ -177,7 +177,7 @@ class Engine:
         self.stats.inc("hot_read_bytes", len(out))
         return True
 
-    def _verify_inline(self, ino: int, idx: int, ext: Extent) -> bytes | None:
+    def verify_inline(self, ino: int, idx: int, ext: Extent) -> bytes | None:
         """Verify a small clean hot extent on the trio thread when the page cache holds
         all of it (open() asked the kernel to read it ahead): the bytes if they match
         the checksum. None when it is not small, not cached, or does not match (the
