@@ -187,3 +187,34 @@ def cached_pages(path: str) -> int:
             libc.munmap(addr, size)
     finally:
         os.close(fd)
+
+
+def in_child_as(uid: int, gid: int, groups: list[int], fn, cwd: str | None = None):
+    """fn()'s JSON-able result, computed in a forked child that has dropped root to
+    uid/gid/groups (after entering `cwd` while still root). Anything fn raises
+    fails the test."""
+    import json
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never return into pytest
+        code = 0
+        try:
+            os.close(r)
+            if cwd is not None:
+                os.chdir(cwd)
+            os.setgroups(groups)
+            os.setgid(gid)
+            os.setuid(uid)
+            os.write(w, json.dumps({"result": fn()}).encode())
+        except BaseException as e:  # noqa: BLE001 - report anything to the parent
+            os.write(w, json.dumps({"__error__": repr(e)}).encode())
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    out = json.loads(data)
+    assert "__error__" not in out, out["__error__"]
+    return out["result"]

@@ -22,7 +22,7 @@ import pytest
 
 import tierfs
 from tierfs import direct as tdirect
-from tests.harness import write_file
+from tests.harness import in_child_as, write_file
 from tests.fuse.test_tiering import pattern
 from tierfs.mountpoint import mounts
 
@@ -118,32 +118,13 @@ def raw_request(m, req: dict) -> tuple[list, dict]:
 def as_user(uid: int, gid: int, groups: list[int], fn):
     """Run fn() in a forked child with uid/gid/groups; its JSON-able result, or
     {"errno": e, "type": name} for an OSError."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # never return into pytest
-        code = 0
+    def run():
         try:
-            os.close(r)
-            os.setgroups(groups)
-            os.setgid(gid)
-            os.setuid(uid)
-            try:
-                out = fn()
-            except OSError as e:
-                out = {"errno": e.errno, "type": type(e).__name__}
-            os.write(w, json.dumps(out).encode())
-        except BaseException as e:  # noqa: BLE001 - report anything to the parent
-            os.write(w, json.dumps({"__error__": repr(e)}).encode())
-            code = 1
-        finally:
-            os._exit(code)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    os.waitpid(pid, 0)
-    out = json.loads(data)
-    assert not (isinstance(out, dict) and "__error__" in out), out
-    return out
+            return fn()
+        except OSError as e:
+            return {"errno": e.errno, "type": type(e).__name__}
+
+    return in_child_as(uid, gid, groups, run)
 
 
 # ---- contents and the file object --------------------------------------------------------

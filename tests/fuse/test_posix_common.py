@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import json
 import os
 import platform
 import struct
@@ -19,7 +18,7 @@ import time
 import lmdb
 import pytest
 
-from tests.harness import Mount, wait_until
+from tests.harness import Mount, in_child_as, wait_until
 from tierfs.meta import schema
 
 MiB = 1 << 20
@@ -113,36 +112,17 @@ def as_user(uid: int, gid: int, cwd: str, ops: dict) -> dict:
     temp dirs above the mount do not get in the way). Returns name -> 0 on
     success, the errno of an OSError, or the callable's return value if it is
     not None."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: never return into pytest
-        code = 0
-        try:
-            os.close(r)
-            os.chdir(cwd)
-            os.setgroups([])
-            os.setgid(gid)
-            os.setuid(uid)
-            out = {}
-            for name, fn in ops.items():
-                try:
-                    value = fn()
-                    out[name] = 0 if value is None else value
-                except OSError as e:
-                    out[name] = e.errno
-            os.write(w, json.dumps(out).encode())
-        except BaseException as e:  # noqa: BLE001 - report anything to the parent
-            os.write(w, json.dumps({"__error__": repr(e)}).encode())
-            code = 1
-        finally:
-            os._exit(code)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    os.waitpid(pid, 0)
-    out = json.loads(data)
-    assert "__error__" not in out, out["__error__"]
-    return out
+    def run_all() -> dict:
+        out = {}
+        for name, fn in ops.items():
+            try:
+                value = fn()
+                out[name] = 0 if value is None else value
+            except OSError as e:
+                out[name] = e.errno
+        return out
+
+    return in_child_as(uid, gid, [], run_all, cwd)
 
 
 def read_uncached(path: str) -> bytes:
