@@ -12,7 +12,7 @@ import signal
 import pyfuse3
 import trio
 
-from . import exit_report, registry
+from . import exit_report, registry, sdnotify
 from .config import MountConfig
 from .errors import ColdStoreError, UserError
 from .filesystem import attach, open_cold
@@ -172,6 +172,7 @@ class Daemon:
             request_wait.install(self.stats)
             await pyfuse3.main()
             log.info("FUSE session ended; shutting down")
+            sdnotify.notify("STOPPING=1")  # under systemd: the final flush may take a while
             nursery.cancel_scope.cancel()
         await self._final_flush()
         await self._release_lease()

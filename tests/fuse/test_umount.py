@@ -67,7 +67,8 @@ def test_umount_is_quiet_when_not_on_a_terminal(mount_factory, tmp_path):
 def test_foreground_daemon_tells_systemd_when_mounted_and_umount_finds_it_by_config(
         mount_factory, tmp_path):
     """What deploy/tierfs@.service relies on: Type=notify gets READY=1 only once the
-    mount answers, and ExecStop finds the mount point in the instance's TOML file."""
+    mount answers (and STOPPING=1 as it unmounts), and ExecStop finds the mount point
+    in the instance's TOML file."""
     import socket
     m = mount_factory(start=False)
     conf = tmp_path / "train.toml"
@@ -91,6 +92,7 @@ def test_foreground_daemon_tells_systemd_when_mounted_and_umount_finds_it_by_con
             assert res.stdout == f"unmounted {m.mountpoint}\n"
             assert daemon.wait(timeout=60) == 0
             m.pid = None
+            assert sock.recv(256) == b"STOPPING=1"  # sent as the unmount began
         finally:
             if daemon.poll() is None:
                 daemon.kill()
