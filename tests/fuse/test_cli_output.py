@@ -1,6 +1,6 @@
 """What the tierfs command prints, through a real mount: status of a mount, a
 directory and a file; singular and plural; commands on paths outside any mount;
-recover's report; progress lines on a terminal and silence elsewhere."""
+progress lines on a terminal and silence elsewhere."""
 from __future__ import annotations
 
 import fcntl
@@ -244,22 +244,6 @@ def test_a_second_path_outside_the_mount_fails_before_any_work(mount_factory, tm
     assert res.returncode == 1 and res.stdout == ""
     assert res.stderr == f"tierfs: {outside} is not inside a tierfs mount\n"
     assert status(m, m.path("f"))["file"]["pinned"] == 0   # nothing was done
-
-
-# ---- recover ---------------------------------------------------------------------------
-
-def test_recover_prints_its_report_once(mount_factory, tmp_path):
-    a = mount_factory(name="a")
-    write_file(a.path("f"), pattern(2 * MiB + 5, 3))
-    a.umount()                                    # uploads and checkpoints on the way out
-    new_cache = str(tmp_path / "new-cache")
-    res = a.cli("recover", a.cold_url, "--cache-dir", new_cache, check=True)
-    assert res.stdout.count("recovered from metadata checkpoint") == 1, res.stdout
-    assert res.stdout.count("no data was lost") == 1
-    assert res.stderr == ""
-    res = a.cli("recover", a.cold_url, "--cache-dir", new_cache)
-    assert res.returncode == 1 and res.stdout == ""
-    assert res.stderr.count("\n") == 1 and "already holds metadata" in res.stderr
 
 
 # ---- progress --------------------------------------------------------------------------

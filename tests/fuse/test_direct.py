@@ -23,6 +23,7 @@ import pytest
 import tierfs
 from tierfs import direct as tdirect
 from tests.harness import in_child_as, write_file
+from tierfs.hot import HotStore
 from tests.fuse.test_tiering import pattern
 from tierfs.mountpoint import mounts
 
@@ -72,9 +73,8 @@ def file_state(m, path) -> dict:
 
 
 def hot_file(m, path: str, idx: int) -> str:
-    """The hot tier file of extent `idx` (layout of tierfs.hot.HotStore.path)."""
-    ino = os.stat(path).st_ino
-    return os.path.join(m.cache_dir, "hot", f"{ino & 0xff:02x}", f"{ino:x}.{idx:x}")
+    """The hot tier file of extent `idx` of the file at `path`."""
+    return HotStore(os.path.join(m.cache_dir, "hot")).path(os.stat(path).st_ino, idx)
 
 
 def write_sparse(path: str) -> bytes:
