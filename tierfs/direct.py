@@ -208,7 +208,7 @@ def _exchange(mount: _Mount, req: dict) -> tuple[list[tuple[dict, list[int]]], d
                 raise _Fallback(f"cannot reach the tierfs daemon at {mount.socket}: "
                                 f"{e.strerror}", unreachable=True) from None
         try:
-            out = _talk(conn.sock, req)
+            out = _talk(conn.sock, {"cmd": "direct_open", "keep": True, **req})
         except (_Fallback, OSError):
             conn.sock.close()
             conn = None
@@ -224,10 +224,12 @@ def _exchange(mount: _Mount, req: dict) -> tuple[list[tuple[dict, list[int]]], d
 
 
 def _talk(sock: socket.socket, req: dict) -> tuple[list[tuple[dict, list[int]]], dict]:
+    """Send one request, read its answer: each "direct" line with its descriptors,
+    and the final line."""
     lines: list[tuple[dict, list[int]]] = []
     pending: list[int] = []  # received descriptors not yet matched to their line
     try:
-        sock.sendall(json.dumps({"cmd": "direct_open", "keep": True, **req}).encode() + b"\n")
+        sock.sendall(json.dumps(req).encode() + b"\n")
         buf = bytearray()
         while True:
             data, anc, flags, _addr = sock.recvmsg(1 << 16, _ANC_SPACE)
@@ -492,12 +494,17 @@ def _zero(out: memoryview) -> None:
 
 def open(file, mode: str = "rb", buffering: int = -1, encoding=None, errors=None,
          newline=None, closefd: bool = True, opener=None):
-    """open() for reading files on a tierfs mount straight from the hot tier.
-    Mode "rb" only; anything else is the builtin open()."""
-    if (isinstance(file, int) or mode not in _MODES or encoding is not None
-            or errors is not None or newline is not None or not closefd or opener is not None):
-        if mode not in _MODES:
-            _note(f"mode {mode!r} (direct reads are for mode 'rb')")
+    """open() for files on a tierfs mount, read and written straight on the hot tier.
+    Binary modes: "rb" (tierfs/direct.py), "wb", "xb", "ab", "r+b", "w+b", "x+b",
+    "a+b" (tierfs/direct_writer.py); anything else is the builtin open()."""
+    from . import direct_writer
+    if (isinstance(file, int) or encoding is not None or errors is not None
+            or newline is not None or not closefd or opener is not None):
+        return io.open(file, mode, buffering, encoding, errors, newline, closefd, opener)
+    if direct_writer.write_mode(mode) is not None:
+        return direct_writer.open_for_writing(file, mode, buffering)
+    if mode not in _MODES:
+        _note(f"mode {mode!r} (the direct path is for binary modes)")
         return io.open(file, mode, buffering, encoding, errors, newline, closefd, opener)
     return _open_all([file], buffering)[0]
 

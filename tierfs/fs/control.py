@@ -19,6 +19,7 @@ import trio
 
 from ..errors import ColdStoreError, FsError, TierfsError
 from ..fs.direct import DirectOpen
+from ..fs.direct_write import DirectWrite
 from ..fs.ops import CONTROL_XATTR, STATE_XATTR
 from ..meta import scan
 from ..meta.schema import ROOT_INO
@@ -142,7 +143,10 @@ class Control:
                          "hint": self.cmd_hint}
         self.direct = DirectOpen(daemon)
         self.commands["direct_open"] = self.direct.cmd_direct_open
-        self.keep_alive = {"direct_open"}  # commands whose connection serves more requests
+        self.direct_write = DirectWrite(daemon)
+        self.commands["direct_write"] = self.direct_write.cmd_direct_write
+        # Commands whose connection serves more requests.
+        self.keep_alive = {"direct_open", "direct_write"}
 
     # ---- virtual xattrs ------------------------------------------------------------
     def info(self) -> dict:
@@ -413,7 +417,9 @@ class Control:
                 nursery.start_soon(self._handle, trio.SocketStream(conn))
 
     async def _handle(self, stream: trio.SocketStream) -> None:
-        conn: dict = {}  # what commands keep about the connection (the peer's credentials)
+        # What commands keep about the connection: the peer's credentials, and what to
+        # do when it ends ("on_close": async functions of conn).
+        conn: dict = {}
         try:
             async with stream:
                 buf = b""
@@ -450,4 +456,10 @@ class Control:
             log.debug("control connection dropped: %s", e)
         except Exception:
             log.exception("control request failed")
-
+        finally:
+            for hook in conn.get("on_close", ()):
+                with trio.CancelScope(shield=True):
+                    try:
+                        await hook(conn)
+                    except Exception:
+                        log.exception("cleaning up after a control connection failed")

@@ -129,6 +129,26 @@ class HotStore:
     def truncate(self, ino: int, idx: int, length: int) -> None:
         os.ftruncate(self._fd(ino, idx, True), length)
 
+    def open_private(self, ino: int, idx: int, flags: int) -> int:
+        """A descriptor of an extent file of its own (for a direct writer), never the
+        cached one; O_CREAT in `flags` creates the file."""
+        path = self.path(ino, idx)
+        flags |= os.O_CLOEXEC
+        try:
+            return os.open(path, flags, 0o600)
+        except FileNotFoundError:
+            if not flags & os.O_CREAT:
+                raise
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            return os.open(path, flags, 0o600)
+
+    def file_size(self, ino: int, idx: int) -> int | None:
+        """Bytes in an extent file (a local metadata call); None if it is missing."""
+        try:
+            return os.stat(self.path(ino, idx)).st_size
+        except FileNotFoundError:
+            return None
+
     def remove(self, ino: int, idx: int) -> None:
         self._forget_fd(ino, idx)
         try:

@@ -34,6 +34,9 @@ class HotIndex:
         self.lru: collections.OrderedDict[Key, None] = collections.OrderedDict()
         self.dirty: dict[Key, DirtyInfo] = {}
         self.pinned: set[Key] = set()
+        # Extents direct writers hold (tier/direct_write.py): how many writers each.
+        # They are dirty, never uploaded, and counted as whole extents.
+        self.held: dict[Key, int] = {}
         self.total = 0
         self.dirty_bytes = 0
 
@@ -41,7 +44,10 @@ class HotIndex:
             last_write: float | None = None) -> None:
         """An extent file exists (mount, fetch). A dirty one found at mount gets
         `last_write` (monotonic) from its file's age, so it uploads on time."""
+        held = self.held.get(key)
         self.remove(key)
+        if held:
+            self.held[key] = held
         self.sizes[key] = size
         self.by_ino.setdefault(key[0], set()).add(key[1])
         self.total += size
@@ -66,6 +72,7 @@ class HotIndex:
                 del self.by_ino[key[0]]
         self.lru.pop(key, None)
         self.pinned.discard(key)
+        self.held.pop(key, None)
         if self.dirty.pop(key, None) is not None:
             self.dirty_bytes -= size
 
@@ -127,6 +134,9 @@ class HotIndex:
             self.pinned.discard(key)
             if key not in self.dirty:
                 self.lru[key] = None
+
+    def held_indices(self, ino: int) -> list[int]:
+        return sorted(i for i in self.by_ino.get(ino, ()) if (ino, i) in self.held)
 
     def indices(self, ino: int) -> list[int]:
         return sorted(self.by_ino.get(ino, ()))

@@ -502,15 +502,23 @@ class Engine:
             for idx, ext in exts.items():
                 start = idx * E
                 if start >= new_size:
-                    changed[(ino, idx)] = None
                     if ext.obj_id:
                         gc.append((ext.obj_id, ext.obj_len))
+                    if (ino, idx) in self.index.held:
+                        # A direct writer's descriptor points at this file: empty it,
+                        # so its later writes land in the file, as on a local disk.
+                        self.hot.truncate(ino, idx, 0)
+                        self.index.written((ino, idx), 0)
+                        changed[(ino, idx)] = Extent(flags=HOT | DIRTY)
+                        continue
+                    changed[(ino, idx)] = None
                     self.forget_hot(ino, idx)
                 elif start + E > new_size:
                     cut = new_size - start
                     if ext.hot:
                         self.hot.truncate(ino, idx, cut)
-                        self.index.set_size((ino, idx), cut)
+                        if (ino, idx) not in self.index.held:  # held: a whole extent
+                            self.index.set_size((ino, idx), cut)
                         self.index.written((ino, idx), cut)
                         changed[(ino, idx)] = replace(ext, flags=ext.flags | DIRTY)
         node.size = new_size
@@ -522,6 +530,10 @@ class Engine:
         """Make the dirty hot data of an inode (all inodes if None) and all
         committed metadata survive a crash. Clean extents are in the bucket."""
         dirty = self.index.dirty
+        # What direct writers wrote so far is the file's, as a write() is: its size
+        # must be in the metadata that the sync below makes durable.
+        for held_ino in {k[0] for k in self.index.held} if ino is None else (ino,):
+            self.settle_held(held_ino)
         if ino is None:
             keys = list(dirty)
         else:
@@ -536,6 +548,28 @@ class Engine:
                     nursery.start_soon(partial(trio.to_thread.run_sync, self.hot.fsync_fd, fd,
                                                limiter=self.io_limiter))
         await trio.to_thread.run_sync(self.meta.sync, limiter=self.io_limiter)
+
+    def settle_held(self, ino: int, idxs=None) -> int:
+        """Grow a file's recorded size to the end of the data in its extent files
+        that direct writers hold (or in `idxs`), with new mtime and ctime if they
+        wrote anything. Returns the file's size."""
+        E = self.E
+        end = 0
+        for idx in self.index.held_indices(ino) if idxs is None else idxs:
+            size = self.hot.file_size(ino, idx)
+            if size:
+                end = max(end, idx * E + size)
+        try:
+            node = self.meta.get_inode(ino)
+        except FsError:
+            return 0  # purged meanwhile
+        if end:
+            node.size = max(node.size, end)
+            node.mtime_ns = node.ctime_ns = time.time_ns()
+            if node.mode & (stat.S_ISUID | stat.S_ISGID):
+                node.mode = kill_suid(node.mode)
+            self.meta.put_inode(node)
+        return node.size
 
     async def sync_all(self) -> None:
         await self.fsync(None)

@@ -59,8 +59,9 @@ class Uploader:
         writing = any(now - info.last_write < self.delay for info in dirty.values())
         quiet_for = self.delay * (MAX_WAIT_FACTOR if writing else 1)
         due = []
+        held = self.engine.index.held  # a direct writer is writing them
         for key, info in dirty.items():
-            if key in self.in_flight:
+            if key in self.in_flight or key in held:
                 continue
             if (urgent_all or info.found or key[0] in urgent
                     or now - info.last_write >= quiet_for):

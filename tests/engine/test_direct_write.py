@@ -1,0 +1,153 @@
+"""Extents held by direct writers (tier/direct_write.py), over the memory bucket:
+what the daemon does between handing a writer descriptors and taking them back,
+with uploads, truncates, fsync and a full hot tier interleaved on purpose."""
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+import trio
+
+from tierfs.errors import FsError
+from tierfs.tier.direct_write import DirectWrites
+
+from .harness import run, settle, until
+from .test_engine_model import A, B, E, _cold, _read, _stack, _upload_in_flight
+
+
+def _write(fd: int, data: bytes, off: int = 0) -> None:
+    assert os.pwrite(fd, data, off) == len(data)
+
+
+def test_upload_in_flight_when_a_writer_takes_the_extent(tmp_path):
+    """The upload read the old bytes; a direct writer takes the extent and writes new
+    ones. The upload must not mark the extent clean, nor become its content."""
+    async def scenario():
+        async with _stack(tmp_path) as s:
+            writes = DirectWrites(s.engine)
+            ino, put = await _upload_in_flight(s)
+            (idx, fd), = await writes.hold(ino, 0, 0, os.O_RDWR)
+            _write(fd, B)
+            put.release()
+            await until(lambda: s.engine.stats.counters["uploads_superseded"],
+                        what="the stale upload to be set aside")
+            assert (ino, 0) in s.engine.index.dirty
+            os.close(fd)
+            writes.release(ino, [idx])
+            await _cold(s, ino)
+            assert await _read(s, ino, 0, E, "from the bucket") == B
+
+    run(scenario)
+
+
+def test_held_extents_wait_for_their_release_to_upload(tmp_path):
+    """Uploads go on around a held extent (another file uploads), never of it: the
+    writer may be half-way through it. Released, it uploads what it holds."""
+    async def scenario():
+        async with _stack(tmp_path) as s:
+            writes = DirectWrites(s.engine)
+            ino, other = s.create(), s.create()
+            (idx, fd), = await writes.hold(ino, 0, 0, os.O_WRONLY)
+            _write(fd, A[:E // 2])
+            await s.engine.write(other, 0, B)
+            await until(lambda: s.record(other, 0).obj_id, what="the other file's upload")
+            assert not s.record(ino, 0).obj_id and (ino, 0) in s.engine.index.dirty
+            _write(fd, A[E // 2:], E // 2)
+            os.close(fd)
+            assert writes.release(ino, [idx]) == E  # the file grew to what it holds
+            await settle(s)
+            s.evict_all()
+            assert await _read(s, ino, 0, E, "from the bucket") == A
+
+    run(scenario)
+
+
+def test_truncate_of_a_held_extent_keeps_later_writes(tmp_path):
+    """A truncate through the mount to 0 while a writer holds extents 0-1: the
+    writer's later write into extent 1 lands there, as on a local disk (a hole
+    before it), and nothing of what the truncate cut comes back."""
+    async def scenario():
+        async with _stack(tmp_path) as s:
+            writes = DirectWrites(s.engine)
+            ino = s.create()
+            granted = await writes.hold(ino, 0, 1, os.O_RDWR)
+            assert [i for i, _fd in granted] == [0, 1]
+            for i, fd in granted:
+                _write(fd, A)
+            writes.release(ino, [])  # nothing released: the size is still 0
+            await s.engine.fsync(ino)  # ... until fsync settles what the writer wrote
+            assert s.size(ino) == 2 * E
+            await s.engine.truncate(ino, 0)
+            _write(granted[1][1], B[:100], 10)
+            for _i, fd in granted:
+                os.close(fd)
+            assert writes.release(ino, [0, 1]) == E + 110
+            want = bytes(E + 10) + B[:100]
+            assert await _read(s, ino, 0, E + 110, "after the release") == want
+            await _cold(s, ino)
+            assert await _read(s, ino, 0, E + 110, "from the bucket") == want
+
+    run(scenario)
+
+
+def test_holds_take_only_what_fits_and_wait_for_room(tmp_path):
+    """A hot tier of 4 extents, 3 of them dirty with a long upload delay: a writer
+    asking for 8 extents gets the first at once... and only as many as fit; the next
+    request waits for uploads (made due at once), never ENOSPC."""
+    async def scenario():
+        async with _stack(tmp_path, cache_size=4 * E, upload_delay=30) as s:
+            writes = DirectWrites(s.engine)
+            other, ino = s.create(), s.create()
+            for i in range(3):
+                await s.engine.write(other, i * E, A)
+            granted = await writes.hold(ino, 0, 7, os.O_WRONLY)
+            assert [i for i, _fd in granted] == [0]
+            _write(granted[0][1], B)
+            os.close(granted[0][1])
+            writes.release(ino, [0])
+            with trio.fail_after(10):  # a third of the upload delay
+                more = await writes.hold(ino, 1, 7, os.O_WRONLY)
+            assert more and more[0][0] == 1
+            for i, fd in more:
+                _write(fd, B)
+                os.close(fd)
+            writes.release(ino, [i for i, _fd in more])
+            n = 1 + len(more)
+            assert s.size(ino) == n * E
+            assert await _read(s, ino, 0, n * E, "the file") == B * n
+            assert await _read(s, other, 0, 3 * E, "the other file") == A * 3
+
+    run(scenario)
+
+
+def test_unwritten_extents_held_ahead_leave_nothing_behind(tmp_path):
+    """Extents held ahead of a writer that stopped short are dropped at release: no
+    dirty records or hot files past the end of the file."""
+    async def scenario():
+        async with _stack(tmp_path) as s:
+            writes = DirectWrites(s.engine)
+            ino = s.create()
+            granted = await writes.hold(ino, 0, 3, os.O_WRONLY)
+            _write(granted[0][1], A[:10])
+            for _i, fd in granted:
+                os.close(fd)
+            assert writes.release(ino, [i for i, _fd in granted]) == 10
+            assert sorted(s.meta.all_extents(ino)) == [0]
+            assert sorted(s.engine.index.by_ino[ino]) == [0]
+            await settle(s)
+
+    run(scenario)
+
+
+def test_a_fenced_engine_refuses_holds(tmp_path):
+    async def scenario():
+        async with _stack(tmp_path) as s:
+            ino = s.create()
+            s.engine.state.fenced_by = "another node"
+            with pytest.raises(FsError) as err:
+                await DirectWrites(s.engine).hold(ino, 0, 0, os.O_WRONLY)
+            assert err.value.errno == errno.EROFS
+            assert not s.meta.all_extents(ino) and not s.engine.index.held
+
+    run(scenario)

@@ -1,0 +1,271 @@
+"""tierfs.open for writing: data written straight into hot extent files, through a
+real mount. Every test that claims the direct path checks the daemon's counters,
+so a silent fallback to open() fails it."""
+from __future__ import annotations
+
+import errno
+import io
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+import tierfs
+from tests.fuse.test_direct import NOBODY, E, counters, grew
+from tests.fuse.test_direct import pub  # noqa: F401,F811 (a fixture)
+from tests.fuse.test_outage import set_faults
+from tests.fuse.test_tiering import pattern
+from tests.harness import drop_page_cache, in_child_as, read_file, wait_until, write_file
+from tierfs.direct_writer import DirectWriter
+
+MiB = 1 << 20
+
+
+def raw(f):
+    return f.raw if hasattr(f, "raw") else f
+
+
+def test_every_write_mode(pub):
+    m = pub()
+    before = counters(m)
+    data = pattern(E * 5 + 123, 1)
+    p = m.path("f")
+    with tierfs.open(p, "wb") as f:
+        assert isinstance(raw(f), DirectWriter) and isinstance(f, io.BufferedWriter)
+        for at in range(0, len(data), 10_000):  # many writes, across extent borders
+            f.write(data[at:at + 10_000])
+        assert f.tell() == len(data)
+    assert read_file(p) == data
+
+    with pytest.raises(FileExistsError):
+        tierfs.open(p, "xb")
+    with tierfs.open(m.path("new"), "xb") as f:
+        f.write(b"exclusive")
+    assert read_file(m.path("new")) == b"exclusive"
+
+    with tierfs.open(p, "ab") as f:
+        f.write(b"tail")
+        f.seek(0)
+        f.write(b"end")  # append mode: always at the end
+    data += b"tailend"
+    assert read_file(p) == data
+
+    with tierfs.open(p, "r+b") as f:
+        assert isinstance(f, io.BufferedRandom)
+        assert f.read(100) == data[:100]
+        f.seek(E - 2)
+        f.write(b"XXXX")  # across an extent border
+        f.seek(E - 4)
+        assert f.read(8) == data[E - 4:E - 2] + b"XXXX" + data[E + 2:E + 4]
+        f.seek(3 * E)
+        assert f.read(10) == data[3 * E:3 * E + 10]  # an extent not held: the mount
+    data = data[:E - 2] + b"XXXX" + data[E + 2:]
+    assert read_file(p) == data
+
+    with tierfs.open(m.path("rw"), "w+b") as f:
+        f.write(b"0123456789")
+        f.seek(2)
+        assert f.read(3) == b"234"
+        f.truncate(4)
+        f.seek(0, io.SEEK_END)
+        f.write(b"!")
+    assert read_file(m.path("rw")) == b"0123!"
+    with tierfs.open(m.path("rw"), "a+b") as f:
+        f.write(b"?")
+        f.seek(0)
+        assert f.read() == b"0123!?"
+
+    after = counters(m)
+    assert grew(before, after, "direct_write_files") == 6
+    assert grew(before, after, "direct_write_extents") >= 6
+
+
+@pytest.mark.parametrize("cache", ["writeback", "no-writeback"])
+def test_the_mount_sees_direct_writes_once_closed(pub, cache):
+    """Pages and attributes the kernel cached before are dropped at close: a reader
+    through the mount never gets stale data, size or mtime."""
+    m = pub(*(["--no-writeback-cache"] if cache == "no-writeback" else []))
+    p = m.path("f")
+    old = pattern(3 * E, 2)
+    write_file(p, old)
+    assert read_file(p) == old  # now in the kernel's page cache
+    mtime = os.stat(p).st_mtime_ns
+    new = pattern(5 * E + 7, 3)
+    with tierfs.open(p, "r+b") as f:
+        f.write(new)
+    st = os.stat(p)
+    assert st.st_size == len(new) and st.st_mtime_ns > mtime
+    assert read_file(p) == new
+    with open(p, "rb") as f:  # one more open: keep_cache must not bring them back
+        assert f.read() == new
+
+
+def test_direct_writes_upload_and_read_back_from_the_bucket(pub):
+    m = pub()
+    data = pattern(2 * MiB + 5, 4)
+    with tierfs.open(m.path("ckpt"), "wb") as f:
+        f.write(data)
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    state = json.loads(m.cli("status", m.path("ckpt"), "--json", check=True).stdout)["file"]
+    assert state["dirty"] == 0 and state["size"] == len(data)
+    m.cli("release", m.path("ckpt"), check=True)
+    drop_page_cache(m.path("ckpt"))
+    before = counters(m)
+    assert read_file(m.path("ckpt")) == data  # from the bucket, checksums verified
+    after = counters(m)
+    assert grew(before, after, "cold_reads") > 0 and after.get("checksum_errors", 0) == 0
+
+
+def test_fsync_survives_the_daemon_killed_and_close_then_fails(pub):
+    m = pub()
+    data = pattern(MiB + 3, 5)
+    f = tierfs.open(m.path("ckpt"), "wb")
+    f.write(data)
+    f.flush()
+    os.fsync(f.fileno())
+    m.kill9()
+    with pytest.raises(OSError) as err:
+        f.close()
+    assert err.value.errno == errno.EIO and "may be lost" in str(err.value)
+    m.remount()
+    assert read_file(m.path("ckpt")) == data
+
+
+WRITER = r"""
+import os, sys
+sys.path.insert(0, sys.argv[3])
+import tierfs
+f = tierfs.open(sys.argv[1], "wb")
+f.write(bytes(range(256)) * (int(sys.argv[2]) // 256))
+f.flush()
+print("written", flush=True)
+sys.stdin.read()  # killed while waiting here, the file still open
+"""
+
+
+def test_a_writer_killed_keeps_what_it_wrote(pub):
+    m = pub()
+    p, n = m.path("partial"), 3 * E + 256
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, p, str(n),
+                             os.path.dirname(os.path.dirname(tierfs.__file__))],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "written\n"
+        assert counters(m).get("direct_write_extents", 0) >= 1
+        proc.kill()
+        proc.wait(30)
+    finally:
+        proc.kill()
+        proc.wait(30)
+    # The daemon ends the session when the connection goes: size and data appear.
+    wait_until(lambda: os.stat(p).st_size == n, 30, "the size the writer left")
+    assert read_file(p) == bytes(range(256)) * (n // 256)
+    m.cli("sync", m.mountpoint, "--wait", "--timeout", "60", check=True)
+
+
+def test_a_file_larger_than_the_hot_tier(pub):
+    """Held extents are released as the writer moves on, so uploads make room and the
+    writer waits for them (never ENOSPC) while its descriptors stay valid."""
+    m = pub("--cache-size", "2M", "--min-free", "0", "--upload-delay", "0")
+    data = pattern(8 * MiB, 6)
+    with tierfs.open(m.path("big"), "wb") as f:
+        for at in range(0, len(data), MiB):
+            f.write(data[at:at + MiB])
+    c = counters(m)
+    assert c.get("direct_write_extents", 0) >= len(data) // E
+    assert c.get("evictions", 0) > 0
+    assert read_file(m.path("big")) == data
+
+
+def test_full_hot_tier_during_an_outage_gives_enospc(pub, tmp_path):
+    """As through the mount: the writer waits up to --write-wait for uploads that
+    cannot happen, then gets ENOSPC; once the bucket is back, writing works again."""
+    faults = tmp_path / "faults.json"
+    set_faults(faults, {})
+    m = pub("--cache-size", "2M", "--min-free", "0", "--upload-delay", "0",
+            "--write-wait", "2", "--fault-file", str(faults))
+    m.allowed_log += ["hot tier full", "upload of .* failed", "injected",
+                      "metadata checkpoint failed", "lease renewal failed",
+                      "gc: deleting objects failed"]
+    set_faults(faults, {"outage": True})
+    f = tierfs.open(m.path("big"), "wb")
+    with pytest.raises(OSError) as err:
+        for _ in range(8):
+            f.write(pattern(MiB, 7))
+            f.flush()
+    assert err.value.errno == errno.ENOSPC
+    f.close()
+    set_faults(faults, {})
+    m.cli("sync", m.mountpoint, "--wait", "--timeout", "60", check=True)  # room again
+    with tierfs.open(m.path("after"), "wb") as g:
+        g.write(pattern(3 * MiB, 8))
+    assert read_file(m.path("after")) == pattern(3 * MiB, 8)
+    m.cli("sync", m.mountpoint, "--wait", "--timeout", "60", check=True)
+
+
+def test_writes_are_checked_as_the_kernel_checks_them(pub):
+    m = pub()
+    write_file(m.path("roots"), b"root's")
+    os.chmod(m.path("roots"), 0o644)
+    os.chmod(m.mountpoint, 0o1777)
+
+    def as_nobody():
+        try:
+            tierfs.open(m.path("roots"), "r+b")
+            return "opened"
+        except PermissionError:
+            pass
+        with tierfs.open(m.path("mine"), "wb") as f:
+            f.write(b"nobody's")
+        return "refused, then wrote its own"
+
+    before = counters(m)
+    assert in_child_as(NOBODY, NOBODY, [], as_nobody) == "refused, then wrote its own"
+    assert grew(before, counters(m), "direct_write_files") == 1
+    assert read_file(m.path("mine")) == b"nobody's"
+    assert os.stat(m.path("mine")).st_uid == NOBODY
+    assert read_file(m.path("roots")) == b"root's"
+
+
+def _ask(m, req: dict) -> dict:
+    """One direct_write request on a new connection; its answer."""
+    sock_path = json.loads(os.getxattr(m.mountpoint, "user.tierfs.control"))["socket"]
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(sock_path)
+        s.sendall(json.dumps({"cmd": "direct_write", **req}).encode() + b"\n")
+        return json.loads(s.makefile().readline())
+
+
+def test_the_daemon_hands_out_nothing_for_a_descriptor_that_proves_nothing(pub, tmp_path):
+    """The daemon looks at the asking process's own descriptor: it must be open for
+    writing, on this mount, and exist at all."""
+    m = pub()
+    write_file(m.path("f"), b"data")
+    ro = os.open(m.path("f"), os.O_RDONLY)
+    local = os.open(tmp_path / "local", os.O_WRONLY | os.O_CREAT)
+    unused = 999_999  # beyond any descriptor of this process
+    try:
+        assert _ask(m, {"op": "open", "fd": ro})["errno"] == errno.EBADF      # read-only
+        assert _ask(m, {"op": "open", "fd": local})["errno"] == errno.EXDEV   # elsewhere
+        assert _ask(m, {"op": "open", "fd": unused})["errno"] == errno.EBADF  # none
+        assert "descriptor" in _ask(m, {"op": "open"})["error"]
+        assert _ask(m, {"session": 1, "hold": [0, 0]})["errno"] == errno.EBADF  # not its own
+    finally:
+        os.close(ro)
+        os.close(local)
+    assert counters(m).get("direct_write_files", 0) == 0
+
+
+def test_outside_a_mount_it_is_the_builtin_open(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="tierfs.direct")
+    with tierfs.open(tmp_path / "x", "wb") as f:
+        assert isinstance(f, io.BufferedWriter) and isinstance(f.raw, io.FileIO)
+        f.write(b"plain")
+    assert (tmp_path / "x").read_bytes() == b"plain"
+    with tierfs.open(tmp_path / "x", "ab") as f:
+        f.write(b"!")
+    assert (tmp_path / "x").read_bytes() == b"plain!"

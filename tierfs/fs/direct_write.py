@@ -1,0 +1,195 @@
+"""Direct writes: a client that opened a file for writing through the mount gets
+descriptors of its hot extent files and writes them with pwrite, no FUSE round trip
+per request (client: tierfs/direct_writer.py).
+
+The client opens the file on the mount itself, so the kernel does everything open(2)
+does there (permissions, O_CREAT/O_EXCL/O_TRUNC, umask, setgid directories), and
+names that descriptor in its first request. The daemon looks at it in /proc (the
+peer's pid comes from SO_PEERCRED): it must be open for writing and be a regular
+file of this mount. Holding it proves the open. The daemon never holds a
+descriptor of its own mount: closing one as it dies (kill -9) would ask itself to
+flush and never exit.
+
+Request:  {"cmd": "direct_write", "op": "open", "fd": n, "keep": true}
+          {"cmd": "direct_write", "session": S, "release": [k, ...],
+           "hold": [first, last], "close": false, "keep": true}
+Reply:    for "open": {"ok": true, "session": S, "ino": N, "extent_size": E}
+          for a hold: {"direct": [{"extents": [[k, "fd"], ...]}], "fds": n} with its n
+          descriptors (a prefix of [first, last]; at least `first`), then
+          {"ok": true, "size": file size}
+"release" lists extents whose descriptors the client has closed; "close" releases
+all and ends the session. A connection that ends (the client exited or was killed)
+ends its sessions the same way: what was written stays written. Whenever extents
+are released for good, the kernel is told the new size and drops its cached pages
+of the file (the client, at close, also sets mtime through its descriptor: with the
+writeback cache the kernel keeps its own).
+"""
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import os
+import socket
+import stat
+import struct
+
+import pyfuse3
+import trio
+
+from ..errors import FsError, TierfsError
+from ..tier.direct_write import DirectWrites
+from .direct import MAX_FDS, _Line
+
+log = logging.getLogger(__name__)
+
+KERNEL_TIMEOUT = 30.0  # seconds for telling the kernel (it may write pages back first)
+
+
+class _Session:
+    __slots__ = ("sid", "ino", "readable", "held")
+
+    def __init__(self, sid: int, ino: int, readable: bool):
+        self.sid, self.ino, self.readable = sid, ino, readable
+        self.held: set[int] = set()
+
+
+class DirectWrite:
+    """The daemon's side of tierfs.open() for writing."""
+
+    def __init__(self, daemon):
+        self.daemon = daemon
+        self.engine = daemon.engine
+        self.meta = daemon.meta
+        self.stats = self.engine.stats
+        self.holds = DirectWrites(self.engine)
+        self._ids = itertools.count(1)
+        self._mount_dev: int | None = None
+
+    async def cmd_direct_write(self, req, reply):
+        sessions = reply.conn.get("write_sessions")
+        if sessions is None:
+            sessions = reply.conn["write_sessions"] = {}
+            reply.conn.setdefault("on_close", []).append(self._end_all)
+        if req.get("op") == "open":
+            return await self._open(req, reply, sessions)
+        try:
+            session = sessions[int(req["session"])]
+        except (KeyError, TypeError, ValueError):
+            raise FsError(errno.EBADF, "no such direct write session") from None
+        ino = session.ino
+        released = [int(i) for i in req.get("release") or () if int(i) in session.held]
+        if released:
+            session.held.difference_update(released)
+            self.holds.release(ino, released)
+            if session.readable:  # its later reads through the mount must see them
+                await self._tell_kernel(ino)
+        if req.get("close"):
+            await self._end(session, sessions)
+            return {"size": self.meta.get_inode(ino).size}
+        hold = req.get("hold")
+        if not hold:
+            return {"size": self.meta.get_inode(ino).size}
+        first, last = max(0, int(hold[0])), int(hold[1])
+        last = min(last, first + MAX_FDS - 1)
+        flags = os.O_RDWR if session.readable else os.O_WRONLY
+        granted = await self.holds.hold(ino, first, last, flags)
+        fds = [fd for _i, fd in granted]
+        session.held.update(i for i, _fd in granted)
+        self.stats.inc("direct_write_extents", len(granted))
+        line = _Line(reply.stream)
+        try:
+            await line.add({"extents": [[i, "fd"] for i, _fd in granted]}, fds)
+            await line.flush(final={"ok": True, "size": self.meta.get_inode(ino).size})
+            reply.finished = True
+        finally:
+            line.close()
+        return None
+
+    async def _open(self, req, reply, sessions) -> dict:
+        try:
+            fd = int(req["fd"])
+        except (KeyError, TypeError, ValueError):
+            raise TierfsError("direct_write open needs the number of the client's "
+                              "descriptor of the file on the mount") from None
+        pid = _peer_pid(reply.stream.socket)
+        # A stat of a file on our own mount may ask us (getattr): not on this thread.
+        try:
+            access, st = await trio.to_thread.run_sync(_look_at, pid, fd)
+        except FileNotFoundError:
+            raise FsError(errno.EBADF, "no such descriptor in the client") from None
+        except PermissionError:
+            raise FsError(errno.EPERM, "the daemon may not look at the client's "
+                                       "descriptors") from None
+        if access == os.O_RDONLY:
+            raise FsError(errno.EBADF, "the descriptor is not open for writing")
+        if st.st_dev != await self._our_dev() or not stat.S_ISREG(st.st_mode):
+            raise FsError(errno.EXDEV, "not a file of this mount")
+        self.engine.state.check_writable()
+        self.meta.get_inode(st.st_ino)
+        session = _Session(next(self._ids), st.st_ino, access == os.O_RDWR)
+        sessions[session.sid] = session
+        self.stats.inc("direct_write_files")
+        return {"session": session.sid, "ino": st.st_ino, "extent_size": self.engine.E}
+
+    async def _our_dev(self) -> int:
+        if self._mount_dev is None:
+            st = await trio.to_thread.run_sync(os.stat, self.daemon.cfg.mountpoint)
+            self._mount_dev = st.st_dev
+        return self._mount_dev
+
+    async def _end_all(self, conn: dict) -> None:
+        """The client's connection ended: end its sessions, keeping what it wrote."""
+        sessions = conn.get("write_sessions") or {}
+        for session in list(sessions.values()):
+            log.debug("direct writer of inode %d went away; keeping what it wrote",
+                      session.ino)
+            await self._end(session, sessions)
+
+    async def _end(self, session: _Session, sessions: dict) -> None:
+        """Release every extent of a session and tell the kernel."""
+        sessions.pop(session.sid, None)
+        if session.held:
+            self.holds.release(session.ino, sorted(session.held))
+            session.held.clear()
+        await self._tell_kernel(session.ino)
+
+    async def _tell_kernel(self, ino: int) -> None:
+        """Drop the kernel's cached pages and attributes of a file and grow its idea of
+        the size (with the writeback cache it trusts its own). Off this thread: the
+        kernel may first write dirty pages back through us. Bounded: a kernel that does
+        not take it is logged, not waited for."""
+        with trio.CancelScope(shield=True), trio.move_on_after(KERNEL_TIMEOUT) as scope:
+            try:
+                size = self.meta.get_inode(ino).size
+                # The kernel grows its size only for stored bytes: give it the last one.
+                last = bytes(await self.engine.read(ino, size - 1, 1)) if size else b""
+            except FsError:
+                return  # purged (nothing to tell), or its last extent unreadable
+            await trio.to_thread.run_sync(_notify_kernel, ino, size, last,
+                                          abandon_on_cancel=True)
+        if scope.cancelled_caught:
+            log.warning("inode %d: the kernel did not take the size a direct writer "
+                        "left within %.0fs", ino, KERNEL_TIMEOUT)
+
+
+def _peer_pid(sock) -> int:
+    pid, _uid, _gid = struct.unpack("iII", sock.getsockopt(
+        socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("iII")))
+    return pid
+
+
+def _look_at(pid: int, fd: int):
+    """(access mode, stat) of descriptor `fd` of process `pid`, without opening it."""
+    with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+        flags = next(int(line.split()[1], 8) for line in f if line.startswith("flags:"))
+    return flags & os.O_ACCMODE, os.stat(f"/proc/{pid}/fd/{fd}")
+
+
+def _notify_kernel(ino: int, size: int, last: bytes) -> None:
+    try:
+        pyfuse3.invalidate_inode(ino, False)
+        if last:
+            pyfuse3.notify_store(ino, size - len(last), last)
+    except OSError as e:  # ENOENT: the kernel does not know the inode (nothing cached)
+        log.debug("telling the kernel about inode %d: %s", ino, e)
