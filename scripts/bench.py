@@ -10,7 +10,8 @@ then prints medians over the repetitions with the ratio tierfs/local and the tar
 of every row (PASS/FAIL), and writes every raw figure to a JSON file.
 
 Workloads (full sizes; --quick uses smaller ones, --size-scale multiplies them):
-  W1  checkpoint write: one 2 GiB file in 1 MiB writes, then fsync
+  W1  checkpoint write: one 2 GiB file in 1 MiB writes, then fsync; then (tierfs) the
+      same through tierfs.open (direct writes), against the local plain write
   W2  large-file read, 1 MiB reads: hot (page cache dropped), warm, and (tierfs only)
       cold from the bucket, next to the S3 server's raw GET rate at 8 threads; hot and
       warm again through tierfs.open (direct reads), against the local plain reads
@@ -19,7 +20,8 @@ Workloads (full sizes; --quick uses smaller ones, --size-scale multiplies them):
       through tierfs.open, and warm through tierfs.open_many of 64 files at a time; then
       hot again after a remount (no hot copy verified yet on the new mount)
   W4  metadata: stat every W3 file with cold caches; `ls -lR` of the tree (cold too)
-  W5  mixed: W2's sequential read concurrently with a 1 GiB checkpoint write + fsync
+  W5  mixed: W2's sequential read concurrently with a 1 GiB checkpoint write + fsync;
+      then (tierfs) both through tierfs.open
   W6  training-loop stall: 8 prefetching loader processes feed batches of 32 W3 files
       to a loop that "computes" (sleeps) a calibrated time per batch; accelerator-busy %
       for a hot and a warm epoch (and with torch's DataLoader when torch is installed)
@@ -471,11 +473,16 @@ def small_dirs(paths: list[str]) -> list[str]:
     return sorted({os.path.dirname(p) for p in paths})
 
 
-def write_ckpt(t, cfg: Config) -> float:
-    """Write the checkpoint in 1 MiB writes + fsync; return seconds (open to close)."""
+def write_ckpt(t, cfg: Config, path: str | None = None, direct: bool = False) -> float:
+    """Write the checkpoint in 1 MiB writes + fsync; return seconds (open to close).
+    direct: through tierfs.open."""
     block = os.urandom(cfg.block)
+    opener = open
+    if direct:
+        import tierfs
+        opener = tierfs.open
     t0 = time.monotonic()
-    bw.write_blocks(ckpt_path(t), cfg.ckpt_bytes, block)
+    bw.write_blocks(path or ckpt_path(t), cfg.ckpt_bytes, block, opener=opener)
     return time.monotonic() - t0
 
 
@@ -543,6 +550,12 @@ def w1_checkpoint_write(t, cfg: Config, ctx: dict) -> dict:
         t0 = time.monotonic()
         t.settle()
         out["w1_upload_MiBps"] = cfg.ckpt_bytes / MiB / (time.monotonic() - t0)
+        # The same through tierfs.open (the direct path), to a second file.
+        second = os.path.join(t.root, "ckpt-direct.bin")
+        drop_caches()
+        out["w1_write_direct_MiBps"] = cfg.ckpt_bytes / MiB / write_ckpt(t, cfg, second, True)
+        t.settle()
+        os.unlink(second)
     return out
 
 
@@ -630,7 +643,16 @@ def w5_mixed(t, cfg: Config, ctx: dict) -> dict:
     out, _ = run_parallel([(bw.stream_read, ckpt_path(t)),
                            (bw.stream_write, path2, cfg.mixed_write_bytes)])
     rates = {r[1]: r[2] / MiB / r[3] for r in out}
-    return {"w5_read_MiBps": rates["read"], "w5_write_MiBps": rates["write"]}
+    result = {"w5_read_MiBps": rates["read"], "w5_write_MiBps": rates["write"]}
+    if t.name == "tierfs":  # both through tierfs.open (the direct path)
+        os.unlink(path2)
+        t.settle()
+        drop_caches()
+        out, _ = run_parallel([(bw.stream_read_direct, ckpt_path(t)),
+                               (bw.stream_write_direct, path2, cfg.mixed_write_bytes)])
+        rates = {r[1]: r[2] / MiB / r[3] for r in out}
+        result.update(w5_read_direct_MiBps=rates["read"], w5_write_direct_MiBps=rates["write"])
+    return result
 
 
 def calibrate_compute(loader: Loader, n: int, seed: int) -> dict:
@@ -913,6 +935,8 @@ def build_rows(results: dict) -> list[Row]:
     raw = [r["rawget_MiBps"] for r in reps if "rawget_MiBps" in r]
     specs = [
         ("W1 checkpoint write+fsync", "MiB/s", "w1_write_MiBps", "ratio", ">=", 0.7),
+        ("W1 checkpoint write+fsync, tierfs.open", "MiB/s", "w1_write_direct_MiBps", "ratio",
+         ">=", 0.9, "w1_write_MiBps"),
         ("W1 upload (sync --wait)", "MiB/s", "w1_upload_MiBps", "", ">=", 0),
         ("W2 read hot (cache dropped)", "MiB/s", "w2_hot_MiBps", "ratio", ">=", 0.8),
         ("W2 read warm (page cache)", "MiB/s", "w2_warm_MiBps", "ratio", ">=", 0.8),
@@ -938,6 +962,10 @@ def build_rows(results: dict) -> list[Row]:
         ("W4 ls -lR, caches cold", "entries/s", "w4_ls_eps", "ratio", ">=", 0.25),
         ("W5 mixed: read", "MiB/s", "w5_read_MiBps", "ratio", ">=", 0.6),
         ("W5 mixed: write+fsync", "MiB/s", "w5_write_MiBps", "ratio", ">=", 0.6),
+        ("W5 mixed: read, tierfs.open", "MiB/s", "w5_read_direct_MiBps", "ratio", ">=", 0.8,
+         "w5_read_MiBps"),
+        ("W5 mixed: write+fsync, tierfs.open", "MiB/s", "w5_write_direct_MiBps", "ratio",
+         ">=", 0.8, "w5_write_MiBps"),
         ("W6 busy, hot epoch", "%", "w6_busy_hot_pct", "value", ">=", 90),
         ("W6 busy, warm epoch", "%", "w6_busy_warm_pct", "value", ">=", 95),
         ("W6 busy, cold epoch, 20 ms GETs", "%", "w6_busy_cold_pct", "", ">=", 0),

@@ -29,10 +29,12 @@ def read_whole(path: str, buf: bytearray, opener=open) -> int:
             total += n
 
 
-def write_blocks(path: str, size: int, block: bytes, do_fsync: bool = True) -> int:
-    """Write `size` bytes in len(block) writes (the last one may be short), then fsync."""
+def write_blocks(path: str, size: int, block: bytes, do_fsync: bool = True,
+                 opener=open) -> int:
+    """Write `size` bytes in len(block) writes (the last one may be short), then fsync.
+    opener: open, or tierfs.open for the direct path."""
     done = 0
-    with open(path, "wb", buffering=0) as f:
+    with opener(path, "wb", buffering=0) as f:
         while done < size:
             n = min(len(block), size - done)
             f.write(block if n == len(block) else block[:n])
@@ -79,26 +81,43 @@ def read_share_direct(paths: list[str], batch: int, barrier, results) -> None:
 
 # ---- W5: one streaming reader or writer ----------------------------------------------------
 
-def stream_read(path: str, barrier, results) -> None:
+def _opener(direct: bool):
+    if not direct:
+        return open
+    import tierfs
+    return tierfs.open
+
+
+def stream_read(path: str, barrier, results, direct: bool = False) -> None:
     try:
         buf = bytearray(BLOCK)
+        opener = _opener(direct)
         barrier.wait()
         t0 = time.monotonic()
-        n = read_whole(path, buf)
+        n = read_whole(path, buf, opener)
         results.put(("ok", "read", n, time.monotonic() - t0))
     except BaseException:
         results.put(("error", traceback.format_exc()))
 
 
-def stream_write(path: str, size: int, barrier, results) -> None:
+def stream_write(path: str, size: int, barrier, results, direct: bool = False) -> None:
     try:
         block = os.urandom(BLOCK)
+        opener = _opener(direct)
         barrier.wait()
         t0 = time.monotonic()
-        n = write_blocks(path, size, block)
+        n = write_blocks(path, size, block, opener=opener)
         results.put(("ok", "write", n, time.monotonic() - t0))
     except BaseException:
         results.put(("error", traceback.format_exc()))
+
+
+def stream_read_direct(path: str, barrier, results) -> None:
+    stream_read(path, barrier, results, direct=True)
+
+
+def stream_write_direct(path: str, size: int, barrier, results) -> None:
+    stream_write(path, size, barrier, results, direct=True)
 
 
 # ---- W6: data-loader workers -----------------------------------------------------------

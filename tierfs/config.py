@@ -173,7 +173,8 @@ CLI = "the command line"
 # TIERFS_* variables that are not mount options: the spawned daemon's ready pipe, and
 # settings of the scripts in scripts/ (tests/unit/test_config.py finds any new one).
 OTHER_ENV = ("TIERFS_READY_FD", "TIERFS_DEMO_DIR", "TIERFS_DEBIAN_MIRROR",
-             "TIERFS_DOCKER_RUN_ARGS", "TIERFS_TEST_IMAGE", "TIERFS_REINSTALL")
+             "TIERFS_DOCKER_RUN_ARGS", "TIERFS_TEST_IMAGE", "TIERFS_REINSTALL",
+             "TIERFS_ACCELERATE")
 
 
 def default(name: str):

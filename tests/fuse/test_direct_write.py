@@ -269,3 +269,70 @@ def test_outside_a_mount_it_is_the_builtin_open(tmp_path, caplog):
     with tierfs.open(tmp_path / "x", "ab") as f:
         f.write(b"!")
     assert (tmp_path / "x").read_bytes() == b"plain!"
+
+
+def test_fsspec_urls_read_and_write_the_hot_tier_directly(pub):
+    fsspec = pytest.importorskip("fsspec")
+    m = pub()
+    fs = fsspec.filesystem("tierfs")
+    url = "tierfs://" + m.path("ckpt", "shard-0.bin")
+    before = counters(m)
+    fs.mkdirs("tierfs://" + m.path("ckpt"), exist_ok=True)
+    data = pattern(3 * E + 1, 9)
+    with fsspec.open(url, "wb") as f:
+        f.write(data)
+    with fsspec.open(url, "rb") as f:
+        assert f.read() == data
+    with fsspec.open("tierfs://" + m.path("ckpt", "meta.json"), "w") as f:  # text, wrapped
+        f.write('{"step": 1000}')
+    assert fs.cat_file("tierfs://" + m.path("ckpt", "meta.json")) == b'{"step": 1000}'
+    after = counters(m)
+    assert grew(before, after, "direct_write_files") == 2
+    assert grew(before, after, "direct_open_files") == 2
+    assert sorted(fs.ls("tierfs://" + m.path("ckpt"), detail=False)) == [
+        m.path("ckpt", "meta.json"), m.path("ckpt", "shard-0.bin")]
+    assert fs.info(url)["size"] == len(data)
+    fs.mv(url, "tierfs://" + m.path("ckpt", "shard-0.done"))
+    assert read_file(m.path("ckpt", "shard-0.done")) == data
+    fs.rm("tierfs://" + m.path("ckpt"), recursive=True)
+    assert not os.path.exists(m.path("ckpt"))
+
+
+ACCELERATED = r"""
+import os, sys
+sys.path.insert(0, sys.argv[3])
+import tierfs  # TIERFS_ACCELERATE=1: builtins.open is routed from here on
+mnt, local = sys.argv[1], sys.argv[2]
+with open(os.path.join(mnt, "w.bin"), "wb") as f:
+    f.write(b"written with open()")
+with open(os.path.join(mnt, "w.bin"), "rb") as f:
+    got = f.read()
+with open(os.path.join(mnt, "w.bin")) as f:   # text: the builtin
+    text = f.read()
+with open(local, "wb") as f:                  # not on a mount: the builtin
+    f.write(b"local")
+os.chdir(mnt)
+with open("w.bin", "rb") as f:                # relative to a directory on the mount
+    rel = type(f.raw).__name__
+was = tierfs.accelerate(False)
+with open("w.bin", "rb") as f:
+    off = type(f.raw).__name__
+print(got.decode(), text, rel, was, off, sep="|")
+"""
+
+
+def test_accelerate_routes_the_builtin_open_of_mount_paths(pub, tmp_path):
+    m = pub()
+    before = counters(m)
+    res = subprocess.run([sys.executable, "-c", ACCELERATED, m.mountpoint,
+                          str(tmp_path / "local"),
+                          os.path.dirname(os.path.dirname(tierfs.__file__))],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "TIERFS_ACCELERATE": "1"})
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == ("written with open()|written with open()|DirectFile|True|"
+                                  "FileIO")
+    after = counters(m)
+    assert grew(before, after, "direct_write_files") == 1
+    assert grew(before, after, "direct_open_files") == 2
+    assert (tmp_path / "local").read_bytes() == b"local"
