@@ -153,6 +153,10 @@ class DirectWriter(io.RawIOBase):
 
     # ---- talking to the daemon --------------------------------------------------------
     def _request(self, req: dict):
+        if os.getpid() != self._owner:  # its connection is the parent's
+            raise OSError(errno.EBADF, "a file opened with tierfs.open for writing cannot be "
+                                       "used after fork(): open it again in this process",
+                          self.name)
         try:
             lines, final = _talk(self._conn.sock, {"cmd": "direct_write",
                                                    "session": self._sid, "keep": True, **req})

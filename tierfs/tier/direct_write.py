@@ -62,11 +62,15 @@ class DirectWrites:
                         break
                     # No await from here to the end of this extent.
                     fd = engine.hot.open_private(ino, idx, flags | os.O_CREAT)
-                    if ext is None or not ext.dirty:
-                        new = Extent(flags=HOT | DIRTY) if ext is None else \
-                            replace(ext, flags=ext.flags | HOT | DIRTY)
-                        engine.meta.update(None, {key: new})
-                    size = os.fstat(fd).st_size
+                    try:
+                        if ext is None or not ext.dirty:
+                            new = Extent(flags=HOT | DIRTY) if ext is None else \
+                                replace(ext, flags=ext.flags | HOT | DIRTY)
+                            engine.meta.update(None, {key: new})
+                        size = os.fstat(fd).st_size
+                    except BaseException:
+                        os.close(fd)
+                        raise
                     self.index.written(key, size)  # dirty, a new generation
                     self.index.grow(key, E)        # the writer may fill it
                     self.index.held[key] = self.index.held.get(key, 0) + 1
