@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import stat
+import subprocess
 import time
+
+import pytest
 
 from tests.harness import read_file as read, write_file as write
 from tests.fuse.test_posix_common import (as_user, assert_errno, clock_past, d,  # noqa: F401
@@ -378,6 +382,33 @@ def test_user_xattrs(d):
     os.symlink("f", os.path.join(d, "l"))
     assert_errno(errno.EPERM, os.setxattr, os.path.join(d, "l"), "user.x", b"1",
                  follow_symlinks=False)
+
+
+def test_acl_and_security_label_xattrs_are_not_supported(d):
+    """Neither is enforced (access follows the mode bits), so they cannot be set and
+    are not there: EOPNOTSUPP, which tools take as "no ACLs, no labels here"."""
+    p = os.path.join(d, "f")
+    write(p, b"")
+    for name in ("system.posix_acl_access", "system.posix_acl_default", "security.selinux"):
+        assert_errno(errno.EOPNOTSUPP, os.getxattr, p, name)
+    for name in ("system.posix_acl_access", "security.selinux"):
+        assert_errno(errno.EOPNOTSUPP, os.setxattr, p, name, b"\x02\x00\x00\x00")
+        assert_errno(errno.EOPNOTSUPP, os.removexattr, p, name)
+    assert_errno(errno.ENODATA, os.getxattr, p, "security.capability")
+    os.setxattr(p, "user.kept", b"1")
+    assert os.listxattr(p) == ["user.kept"]
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
+def test_ls_l_asks_for_acls_and_labels_once_not_per_entry(d):
+    for i in range(20):
+        write(os.path.join(d, f"f{i}"), b"")
+    res = subprocess.run(["strace", "-f", "-e", "trace=getxattr,lgetxattr", "ls", "-l", d],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("\n") == 21  # "total" and 20 entries
+    calls = [line for line in res.stderr.splitlines() if "getxattr(" in line]
+    assert calls and len(calls) <= 4, "\n".join(calls)
 
 
 def test_xattr_gone_with_file(d):

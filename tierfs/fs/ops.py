@@ -28,6 +28,15 @@ BLKSIZE = 128 * 1024
 CONTROL_XATTR = b"user.tierfs.control"
 STATE_XATTR = b"user.tierfs.state"
 CAPABILITY_XATTR = b"security.capability"
+# Namespaces tierfs does not implement: POSIX ACLs (access is checked on mode bits by the
+# kernel's default_permissions; a stored ACL would not be enforced) and security labels
+# other than file capabilities. EOPNOTSUPP says so, and lets `ls -l` stop asking: coreutils
+# remembers it per filesystem instead of sending two xattr requests per entry.
+UNSUPPORTED_XATTRS = (b"system.", b"security.")
+
+
+def _unsupported(name: bytes) -> bool:
+    return name.startswith(UNSUPPORTED_XATTRS) and name != CAPABILITY_XATTR
 
 
 def _guard(fn):
@@ -378,6 +387,8 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def setxattr(self, inode, name, value, ctx):
         self._check_xattrs()
+        if _unsupported(name):
+            raise FsError(errno.EOPNOTSUPP)
         if name.startswith(b"user.tierfs."):
             raise FsError(errno.EPERM)
         self.state.check_writable()
@@ -391,6 +402,8 @@ class Operations(pyfuse3.Operations):
         if name == CAPABILITY_XATTR and not self.capabilities_exist:
             # The kernel asks this before every write; answer without a lookup.
             raise FsError(pyfuse3.ENOATTR)
+        if _unsupported(name):
+            raise FsError(errno.EOPNOTSUPP)
         if name.startswith(b"user.tierfs.") and self.control is not None:
             value = self.control.virtual_xattr(inode, name)
             if value is not None:
@@ -404,10 +417,12 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def listxattr(self, inode, ctx):
         self._check_xattrs()
-        return self.meta.list_xattrs(inode)
+        return [n for n in self.meta.list_xattrs(inode) if not _unsupported(n)]
 
     @_guard
     async def removexattr(self, inode, name, ctx):
         self._check_xattrs()
+        if _unsupported(name):
+            raise FsError(errno.EOPNOTSUPP)
         self.state.check_writable()
         self.meta.remove_xattr(inode, name)
