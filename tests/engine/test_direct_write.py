@@ -151,3 +151,24 @@ def test_a_fenced_engine_refuses_holds(tmp_path):
             assert not s.meta.all_extents(ino) and not s.engine.index.held
 
     run(scenario)
+
+
+def test_a_hot_tier_full_of_clean_data_makes_room_for_a_whole_range(tmp_path):
+    """A warm cache (all clean) is the usual hot tier: a range of extents is granted
+    at once, evicting clean ones, not one extent per request."""
+    async def scenario():
+        async with _stack(tmp_path, cache_size=4 * E) as s:
+            writes = DirectWrites(s.engine)
+            other, ino = s.create(), s.create()
+            for i in range(4):
+                await s.engine.write(other, i * E, A)
+            await settle(s)
+            assert s.engine.index.total == 4 * E  # full, and all of it clean
+            granted = await writes.hold(ino, 0, 3, os.O_WRONLY)
+            assert [i for i, _fd in granted] == [0, 1, 2, 3]
+            for _i, fd in granted:
+                os.close(fd)
+            writes.release(ino, [0, 1, 2, 3])
+            assert await _read(s, other, 0, 4 * E, "the evicted file") == A * 4
+
+    run(scenario)

@@ -32,7 +32,8 @@ class DirectWrites:
         """Hold extents first..last of a file for a direct writer: (index, descriptor
         of the hot extent file opened with `flags`) for each one granted. The first is
         always granted (waiting for a fetch or for room as a write through the mount
-        would, then ENOSPC); the others only as far as room is there without waiting.
+        would, then ENOSPC); the others only as far as room is there without waiting
+        (clean extents may be evicted for them).
         Cold extents are fetched first: the writer may change part of them."""
         engine = self.engine
         E = engine.E
@@ -55,10 +56,11 @@ class DirectWrites:
                             max(0, E - self.index.sizes.get(key, 0))
                         space = engine.space
                         if growth and space is not None and space.needs_room(growth):
-                            if granted:
+                            if not granted:
+                                await space.reserve(growth)  # waits as a write would
+                                continue
+                            if not space.room_now(growth):
                                 return granted
-                            await space.reserve(growth)
-                            continue
                         break
                     # No await from here to the end of this extent.
                     fd = engine.hot.open_private(ino, idx, flags | os.O_CREAT)

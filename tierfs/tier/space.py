@@ -145,6 +145,14 @@ class Space:
             self._free_cache = (0.0, 0)
         return freed
 
+    def room_now(self, n: int) -> bool:
+        """Is there room for `n` more bytes once clean extents are evicted, without
+        waiting for anything? (Evicts what it takes.)"""
+        over = self._over(n)
+        if over > 0:
+            self.evict(over)
+        return self._over(n) <= 0
+
     def admit_fetch(self, n: int) -> bool:
         """May a fetched extent be kept hot? (no-replace: only while there is room).
         If so, `n` bytes stay reserved until release(n) once it is installed."""
