@@ -135,6 +135,16 @@ def test_fsync_survives_the_daemon_killed_and_close_then_fails(pub):
     assert read_file(m.path("ckpt")) == data
 
 
+def test_row_direct_close_returned_survives_kill9(pub):
+    m = pub()
+    data = pattern(2 * MiB + 9, 10)
+    with tierfs.open(m.path("ckpt"), "wb") as f:
+        f.write(data)
+    m.kill9()
+    m.remount()
+    assert read_file(m.path("ckpt")) == data
+
+
 WRITER = r"""
 import os, sys
 sys.path.insert(0, sys.argv[3])
