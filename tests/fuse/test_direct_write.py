@@ -346,3 +346,17 @@ def test_accelerate_routes_the_builtin_open_of_mount_paths(pub, tmp_path):
     assert grew(before, after, "direct_write_files") == 1
     assert grew(before, after, "direct_open_files") == 2
     assert (tmp_path / "local").read_bytes() == b"local"
+
+
+def test_sync_wait_names_extents_held_by_an_open_writer(pub):
+    m = pub()
+    f = tierfs.open(m.path("open"), "wb")
+    try:
+        f.write(pattern(E + 5, 11))
+        f.flush()
+        res = m.cli("sync", m.mountpoint, "--wait", "--timeout", "1")
+        assert res.returncode == 3, res.stderr
+        assert "open for direct writing" in res.stderr
+    finally:
+        f.close()
+    m.cli("sync", m.mountpoint, "--wait", "--timeout", "60", check=True)

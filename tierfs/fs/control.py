@@ -266,8 +266,12 @@ class Control:
             if scope.cancelled_caught:
                 left = self._dirty(inos)
                 why = self.daemon.uploader.last_error
+                held = sum(1 for k in self.engine.index.held if inos is None or k[0] in inos)
                 raise TierfsError(f"timed out after {timeout:.0f}s: {left} bytes are not in the "
                                   f"bucket yet" + (f" (last bucket error: {why})" if why else "")
+                                  + (f"; {held} extents of them are open for direct writing "
+                                     f"(tierfs.open) and upload once their writer closes them"
+                                     if held else "")
                                   + "; they keep uploading")
         else:
             self.daemon.uploader.urgent = (self.daemon.uploader.urgent or set()) | (inos or set())
