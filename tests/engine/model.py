@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import os
 import random
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 import trio
 
 from tierfs.errors import ColdStoreError, FsError
+from tierfs.tier.direct_write import DirectWrites
 
 from .harness import Stack, leaves
 
@@ -96,7 +98,7 @@ class Config:
 # op name -> weight
 MIX = {"lane_write": 30, "lane_read": 30, "write": 8, "whole": 6, "truncate": 8, "read": 6,
        "scan": 4, "scan_overwrite": 3, "truncate_rewrite": 3, "fsync": 2, "flush_file": 2,
-       "flush_all": 1, "checkpoint": 1, "evict": 2}
+       "flush_all": 1, "checkpoint": 1, "evict": 2, "direct_write": 4}
 FAILED = object()
 
 
@@ -113,6 +115,7 @@ class Driver:
         self.max_size = cfg.max_extents * self.E
         self.files: list[File] = []
         self.history: collections.deque[list] = collections.deque(maxlen=40)
+        self.direct = DirectWrites(stack.engine)
         self.n = 0
         self.counts: collections.Counter[str] = collections.Counter()
 
@@ -288,6 +291,48 @@ class Driver:
             self._changed(i, f, k * self.E, old)
             for idx in range(k, n):
                 await self._write(rng, i, t, f, idx * self.E, self.E, "truncate_rewrite")
+
+    async def op_direct_write(self, rng, i, t, f):
+        """A direct writer (tierfs.open for writing), as the client does it: hold a
+        range, pwrite into the extent files granted with awaits in between (uploads,
+        evictions, fsync interleave), release them, hold the rest; it never waits for
+        room while it holds extents. A hold that fails (EIO under raw faults) ends the
+        op: what was written before it is the file's."""
+        E = self.E
+        async with f.lock.exclusive():
+            off = rng.randrange(0, min(len(f.data) + E, self.max_size - 1))
+            n = rng.randint(1, min(3 * E, self.max_size - off))
+            data = rng.randbytes(n)
+            entry = self._log(i, t, f, "direct_write", off, n)
+            last = (off + n - 1) // E
+            pos = off
+            while pos < off + n:
+                got = await self._call(entry, f"direct_write: hold {pos // E}-{last}",
+                                       self.direct.hold(f.ino, pos // E, last, os.O_RDWR))
+                if got is FAILED:
+                    break
+                held = dict(got)
+                try:
+                    while pos < off + n and pos // E in held:
+                        idx, at = divmod(pos, E)
+                        piece = data[pos - off:min(off + n, (idx + 1) * E) - off]
+                        os.pwrite(held[idx], piece, at)
+                        pos += len(piece)
+                        if rng.random() < 0.2:
+                            await self.s.engine.fsync(f.ino)  # settles what is held so far
+                        else:
+                            await trio.sleep(0)
+                finally:
+                    for fd in held.values():
+                        os.close(fd)
+                    self.direct.release(f.ino, sorted(held))
+            if pos == off:
+                return
+            if off > len(f.data):
+                f.data.extend(bytes(off - len(f.data)))
+            f.data[off:pos] = data[:pos - off]
+            self._changed(i, f, off, pos)
+            self._check_size(i, t, f, "direct_write")
 
     async def op_flush_file(self, rng, i, t, f):
         async with f.lock.exclusive():  # nobody dirties it meanwhile: flush ends

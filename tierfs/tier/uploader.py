@@ -104,7 +104,9 @@ class Uploader:
         engine = self.engine
         ino, idx = key
         info = engine.index.dirty.get(key)
-        if info is None:
+        if info is None or key in engine.index.held:
+            # Taken by a direct writer since it was found due (this task may have waited
+            # for a free upload slot): its generation no longer moves with its content.
             return
         gen = info.gen
         try:
