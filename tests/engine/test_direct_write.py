@@ -172,3 +172,30 @@ def test_a_hot_tier_full_of_clean_data_makes_room_for_a_whole_range(tmp_path):
             assert await _read(s, other, 0, 4 * E, "the evicted file") == A * 4
 
     run(scenario)
+
+
+def test_an_upload_waiting_for_a_slot_skips_an_extent_taken_meanwhile(tmp_path):
+    """Found by the model: an upload task picks its write generation when it starts,
+    maybe after waiting for a free upload slot, so a hold taken while it waited must
+    stop it; else the half-written extent is marked clean and later writes are lost."""
+    async def scenario():
+        async with _stack(tmp_path, upload_parallel=1) as s:
+            writes = DirectWrites(s.engine)
+            busy, ino = s.create(), s.create()
+            put = s.gate.hold("put")
+            await s.engine.write(busy, 0, A)  # takes the only upload slot, held
+            await until(lambda: put.entered, what="the first upload's PUT")
+            await s.engine.write(ino, 0, A)
+            await until(lambda: (ino, 0) in s.uploader.in_flight,
+                        what="the second upload waiting for the slot")
+            (idx, fd), = await writes.hold(ino, 0, 0, os.O_RDWR)
+            put.release()
+            await until(lambda: not s.uploader.in_flight, what="both uploads to end")
+            assert (ino, 0) in s.engine.index.dirty and s.record(ino, 0).dirty
+            _write(fd, B)
+            os.close(fd)
+            writes.release(ino, [idx])
+            await _cold(s, ino)
+            assert await _read(s, ino, 0, E, "from the bucket") == B
+
+    run(scenario)
