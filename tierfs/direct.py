@@ -308,7 +308,40 @@ def _close_all(fds) -> None:
 
 # ---- the file object ------------------------------------------------------------------------
 
-class DirectFile(io.RawIOBase):
+class Positioned(io.RawIOBase):
+    """What the direct file objects share: a position, a size as this object knows it,
+    and a lock around both (seek, tell, SEEK_END)."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self._size, self._pos = size, 0
+        self._lock = threading.Lock()
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        with self._lock:
+            self._check_open()
+            base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}.get(whence)
+            if base is None:
+                raise ValueError(f"invalid whence ({whence}, should be 0, 1 or 2)")
+            if base + offset < 0:
+                raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+            self._pos = base + offset
+            return self._pos
+
+    def tell(self) -> int:
+        self._check_open()
+        return self._pos
+
+    def seekable(self) -> bool:
+        self._check_open()
+        return True
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ValueError("I/O operation on closed file")
+
+
+class DirectFile(Positioned):
     """Raw reader over the hot extent files of one tierfs file. Extents come in
     ranges of up to 64 descriptors; the next range is asked for when a read gets
     there (the daemon fetches cold extents then). A range the daemon cannot give is
@@ -316,16 +349,14 @@ class DirectFile(io.RawIOBase):
 
     def __init__(self, name, path: str, mount: _Mount, res: dict, fds: list[int],
                  mount_fd: int | None = None):
-        super().__init__()
+        super().__init__(int(res["size"]))
         self.name = name
         self.mode = "rb"
         self._path = os.path.abspath(path)  # for a mount descriptor opened later
         self._mount = mount
         self._ino, self._token = res["ino"], res["token"]
-        self._size, self._E = int(res["size"]), int(res["extent_size"])
+        self._E = int(res["extent_size"])
         self._last = (self._size - 1) // self._E if self._size else -1
-        self._pos = 0
-        self._lock = threading.Lock()
         self._mount_fd = mount_fd
         self._window: dict[int, int | None] = {}  # extent -> descriptor, None: the mount
         self._lo, self._hi = 0, -1
@@ -423,27 +454,7 @@ class DirectFile(io.RawIOBase):
         n = self.readinto(buf)
         return bytes(buf[:n]) if n < left else bytes(buf)
 
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        with self._lock:
-            self._check_open()
-            base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}.get(whence)
-            if base is None:
-                raise ValueError(f"invalid whence ({whence}, should be 0, 1 or 2)")
-            pos = base + offset
-            if pos < 0:
-                raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
-            self._pos = pos
-            return pos
-
-    def tell(self) -> int:
-        self._check_open()
-        return self._pos
-
     def readable(self) -> bool:
-        self._check_open()
-        return True
-
-    def seekable(self) -> bool:
         self._check_open()
         return True
 
@@ -464,10 +475,6 @@ class DirectFile(io.RawIOBase):
                     _close_all([self._mount_fd])
                     self._mount_fd = None
         super().close()
-
-    def _check_open(self) -> None:
-        if self.closed:
-            raise ValueError("I/O operation on closed file")
 
     def __repr__(self) -> str:
         return f"<tierfs.DirectFile name={self.name!r} size={self._size}>"

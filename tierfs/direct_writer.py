@@ -39,10 +39,9 @@ import io
 import logging
 import os
 import stat
-import threading
 
-from .direct import (BUFFER_SIZE, RANGE, _close_all, _Conn, _Fallback, _forget, _mount_of,
-                     _note, _pread, _talk, _zero)
+from .direct import (BUFFER_SIZE, RANGE, Positioned, _close_all, _Conn, _Fallback, _forget,
+                     _mount_of, _note, _pread, _talk, _zero)
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +127,7 @@ def _connect(path: str, mount) -> _Conn:
                         f"{e.strerror}") from None
 
 
-class DirectWriter(io.RawIOBase):
+class DirectWriter(Positioned):
     """Raw file over the hot extent files of one tierfs file, for writing (and
     reading, in "+" modes). Holds extents a range at a time: a sequential writer
     gets ranges that double up to 64 extents, a random one single extents; what is
@@ -136,19 +135,17 @@ class DirectWriter(io.RawIOBase):
 
     def __init__(self, name, mode: str, mount_fd: int, conn: _Conn, info: dict, size: int,
                  readable: bool, append: bool):
-        super().__init__()
+        super().__init__(size)
         self.name = name
         self.mode = mode
         self._fd = mount_fd
         self._conn = conn
         self._sid = int(info["session"])
         self._E = int(info["extent_size"])
-        self._size = size
         self._pos = size if append else 0
         self._readable, self._append = readable, append
         self._held: dict[int, int] = {}  # extent -> descriptor of its hot file
         self._next, self._ahead = -1, 1  # where a sequential writer's next range starts
-        self._lock = threading.Lock()
         self._owner = os.getpid()
 
     # ---- talking to the daemon --------------------------------------------------------
@@ -236,21 +233,6 @@ class DirectWriter(io.RawIOBase):
             self._pos += n
             return n
 
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        with self._lock:
-            self._check_open()
-            base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}.get(whence)
-            if base is None:
-                raise ValueError(f"invalid whence ({whence}, should be 0, 1 or 2)")
-            if base + offset < 0:
-                raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
-            self._pos = base + offset
-            return self._pos
-
-    def tell(self) -> int:
-        self._check_open()
-        return self._pos
-
     def truncate(self, size: int | None = None) -> int:
         with self._lock:
             self._check_open()
@@ -265,10 +247,6 @@ class DirectWriter(io.RawIOBase):
         return self._readable
 
     def writable(self) -> bool:
-        self._check_open()
-        return True
-
-    def seekable(self) -> bool:
         self._check_open()
         return True
 
@@ -303,10 +281,6 @@ class DirectWriter(io.RawIOBase):
                         error = error or e
         if error is not None:
             raise error
-
-    def _check_open(self) -> None:
-        if self.closed:
-            raise ValueError("I/O operation on closed file")
 
     def __repr__(self) -> str:
         return f"<tierfs.DirectWriter name={self.name!r} mode={self.mode!r}>"
