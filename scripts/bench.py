@@ -25,6 +25,9 @@ Workloads (full sizes; --quick uses smaller ones, --size-scale multiplies them):
   W6  training-loop stall: 8 prefetching loader processes feed batches of 32 W3 files
       to a loop that "computes" (sleeps) a calibrated time per batch; accelerator-busy %
       for a hot and a warm epoch (and with torch's DataLoader when torch is installed)
+  W7  (torch installed) a model's state dict saved with torch.save + fsync and loaded
+      back hot, through the mount and (tierfs) tierfs.open; and with
+      torch.distributed.checkpoint (local FileSystemWriter, FsspecWriter on tierfs://)
   scale  metadata scale on a fresh file:// mount: N empty files in 1000 directories,
       then mount time, stat ops/s with cold caches and daemon peak RSS, next to 10,000
 
@@ -71,7 +74,7 @@ from tests.moto_server import TEST_REGION, make_bucket, s3_env  # noqa: E402
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 COLD_GET_LATENCY_S = 0.02  # W6 cold epochs: a real bucket's time to first byte
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "torch", "scale")
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "torch", "scale")
 BUCKET = "tierfs-bench"
 RAW_BUCKET = "tierfs-bench-raw"
 SPAWN = multiprocessing.get_context("spawn")
@@ -762,8 +765,74 @@ def w6_torch(paths: list[str], cfg: Config, ctx: dict, rng: random.Random) -> di
     return out
 
 
+def w7_torch_checkpoint(t, cfg: Config, ctx: dict) -> dict:
+    """A model's state dict (float32 tensors, half the W1 size) saved with torch.save and
+    fsync, and loaded back hot (page cache dropped); on tierfs also through tierfs.open,
+    and with torch.distributed.checkpoint: FileSystemWriter on the local directory,
+    FsspecWriter on a tierfs:// URL (fsync per file in both)."""
+    if not ctx["torch"]:
+        return {}
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+
+    n_layers = 16
+    per = cfg.ckpt_bytes // 2 // n_layers // 4  # float32 elements per tensor
+    gen = torch.Generator().manual_seed(ctx["seed"])
+    state = {f"layer{i}.weight": torch.randn(per, generator=gen) for i in range(n_layers)}
+    nbytes = n_layers * per * 4
+    out = {}
+
+    def timed(fn) -> float:
+        t0 = time.monotonic()
+        fn()
+        return nbytes / MiB / (time.monotonic() - t0)
+
+    def save(path, opener):
+        def run():
+            with opener(path, "wb") as f:
+                torch.save(state, f)
+                f.flush()
+                os.fsync(f.fileno())
+        return run
+
+    def load(path, opener):
+        def run():
+            with opener(path, "rb") as f:
+                got = torch.load(f)
+            assert torch.equal(got["layer0.weight"], state["layer0.weight"])
+        return run
+
+    import tierfs
+    openers = [("", open)] + ([("_direct", tierfs.open)] if t.name == "tierfs" else [])
+    for suffix, opener in openers:
+        path = os.path.join(t.root, f"model{suffix}.pt")
+        drop_caches()
+        out[f"w7_save{suffix}_MiBps"] = timed(save(path, opener))
+        t.settle()
+        drop_caches()
+        out[f"w7_load{suffix}_MiBps"] = timed(load(path, opener))
+        os.unlink(path)
+    where = os.path.join(t.root, "dcp")
+    writer = (FsspecWriter(f"tierfs://{where}") if t.name == "tierfs"
+              else FileSystemWriter(where))
+    drop_caches()
+    out["w7_dcp_save_MiBps"] = timed(lambda: dcp.save(state, storage_writer=writer, no_dist=True))
+    t.settle()
+    drop_caches()
+    target = {k: torch.empty_like(v) for k, v in state.items()}
+    reader = (FsspecReader(f"tierfs://{where}") if t.name == "tierfs"
+              else FileSystemReader(where))
+    out["w7_dcp_load_MiBps"] = timed(lambda: dcp.load(target, storage_reader=reader, no_dist=True))
+    assert torch.equal(target["layer0.weight"], state["layer0.weight"])
+    shutil.rmtree(where)
+    return out
+
+
 WORKLOAD_FUNCS = [("W1", w1_checkpoint_write), ("W2", w2_large_read), ("W3", w3_small_files),
-                  ("W4", w4_metadata), ("W5", w5_mixed), ("W6", w6_training)]
+                  ("W4", w4_metadata), ("W5", w5_mixed), ("W6", w6_training),
+                  ("W7", w7_torch_checkpoint)]
 
 
 def run_workloads(t, cfg: Config, ctx: dict, out: dict) -> None:
@@ -970,6 +1039,15 @@ def build_rows(results: dict) -> list[Row]:
         ("W6 busy, warm epoch", "%", "w6_busy_warm_pct", "value", ">=", 95),
         ("W6 busy, cold epoch, 20 ms GETs", "%", "w6_busy_cold_pct", "", ">=", 0),
         ("W6 busy, same + tierfs.hint", "%", "w6_busy_cold_hinted_pct", "", ">=", 0),
+        ("W7 torch.save+fsync", "MiB/s", "w7_save_MiBps", "ratio", ">=", 0.7),
+        ("W7 torch.save+fsync, tierfs.open", "MiB/s", "w7_save_direct_MiBps", "ratio", ">=",
+         0.9, "w7_save_MiBps"),
+        ("W7 torch.load hot", "MiB/s", "w7_load_MiBps", "ratio", ">=", 0.8),
+        ("W7 torch.load hot, tierfs.open", "MiB/s", "w7_load_direct_MiBps", "ratio", ">=", 0.9,
+         "w7_load_MiBps"),
+        ("W7 DCP save (tierfs:// fsspec)", "MiB/s", "w7_dcp_save_MiBps", "ratio", ">=", 0.9),
+        ("W7 DCP load hot (tierfs:// fsspec)", "MiB/s", "w7_dcp_load_MiBps", "ratio", ">=",
+         0.9),
         ("W6 torch busy, hot epoch", "%", "w6_torch_busy_hot_pct", "value", ">=", 90),
         ("W6 torch busy, warm epoch", "%", "w6_torch_busy_warm_pct", "value", ">=", 95),
     ]
