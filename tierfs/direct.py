@@ -396,23 +396,28 @@ class DirectFile(Positioned):
         """A sequential reader entering an extent gets the disk reads of the next ones
         started (POSIX_FADV_WILLNEED, in parallel), as the daemon does for reads
         through the mount: a new extent file would otherwise start its readahead small."""
-        idx = (end - 1) // self._E
+        first, idx = start // self._E, (end - 1) // self._E
         sequential = start == self._next_pos
         self._next_pos = end
-        if not sequential:  # a seek: random readers get nothing ahead
+        if not sequential:  # a seek: nothing ahead, but one large read gets all it covers
+            self._advise(first + 1, min(idx, self._hi))
             self._advised, self._ahead = idx, 1
             return
         if idx < self._advised:
             return
-        for j in range(max(idx, self._advised) + 1, min(idx + self._ahead, self._hi) + 1):
+        self._advise(max(idx, self._advised) + 1, min(idx + self._ahead, self._hi))
+        self._advised = max(self._advised, min(idx + self._ahead, self._hi))
+        self._ahead = min(self._ahead * 2, 16)
+
+    def _advise(self, lo: int, hi: int) -> None:
+        """Start the disk reads of extents lo..hi held (in parallel)."""
+        for j in range(lo, hi + 1):
             fd = self._window.get(j)
             if fd is not None:
                 try:
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
                 except OSError:
                     pass
-        self._advised = max(self._advised, min(idx + self._ahead, self._hi))
-        self._ahead = min(self._ahead * 2, 16)
 
     def _through_mount(self) -> int:
         if self._mount_fd is None:
