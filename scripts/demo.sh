@@ -57,16 +57,17 @@ step() { printf '\n== %s\n' "$*"; }
 step "mount file://$demo/bucket on $mnt (hot tier and metadata in $demo/cache)"
 tierfs mount "file://$demo/bucket" "$mnt" --cache-dir "$demo/cache" --upload-delay 1
 
-step "write a small dataset (200 files of 64 KiB) and a 64 MiB checkpoint"
+step "write a small dataset (200 files of 64 KiB), and a 64 MiB checkpoint with tierfs.open (straight into the hot tier)"
 python3 - "$mnt" <<'PY'
 import hashlib, os, sys
+import tierfs
 root = sys.argv[1]
 os.makedirs(f"{root}/dataset", exist_ok=True)
 for i in range(200):
     with open(f"{root}/dataset/sample-{i:04d}.bin", "wb") as f:
         f.write(hashlib.sha256(str(i).encode()).digest() * 2048)
 os.makedirs(f"{root}/checkpoints", exist_ok=True)
-with open(f"{root}/checkpoints/step-1000.pt", "wb") as f:
+with tierfs.open(f"{root}/checkpoints/step-1000.pt", "wb") as f:
     for i in range(64):
         f.write(hashlib.sha512(str(i).encode()).digest() * 16384)
     f.flush()
