@@ -113,6 +113,10 @@ class DirectWrite:
             raise TierfsError("direct_write open needs the number of the client's "
                               "descriptor of the file on the mount") from None
         pid = _peer_pid(reply.stream.socket)
+        if pid <= 0:  # the kernel could not name it in our pid namespace
+            raise TierfsError("the daemon cannot see the writing process (it runs in another "
+                              "pid namespace): direct writes need a daemon that shares the "
+                              "host's pid namespace (hostPID in Kubernetes)")
         # A stat of a file on our own mount may ask us (getattr): not on this thread.
         try:
             access, st = await trio.to_thread.run_sync(_look_at, pid, fd)
