@@ -38,6 +38,7 @@ class DirectWrites:
         engine = self.engine
         E = engine.E
         granted: list[tuple[int, int]] = []
+        records: dict = {}  # HOT|DIRTY for the extents granted, in one transaction
         try:
             for idx in range(first, last + 1):
                 key = (ino, idx)
@@ -47,6 +48,8 @@ class DirectWrites:
                         engine.state.check_writable()
                         _node, exts = engine.meta.get_extents(ino, idx, idx)
                         ext = exts.get(idx)
+                        # Only the first extent ever waits: nothing is granted (and
+                        # nothing uncommitted in `records`) across an await.
                         if ext is not None and not ext.hot:
                             if granted:
                                 return granted  # the next request gets it
@@ -62,17 +65,15 @@ class DirectWrites:
                             if not space.room_now(growth):
                                 return granted
                         break
-                    # No await from here to the end of this extent.
                     fd = engine.hot.open_private(ino, idx, flags | os.O_CREAT)
                     try:
-                        if ext is None or not ext.dirty:
-                            new = Extent(flags=HOT | DIRTY) if ext is None else \
-                                replace(ext, flags=ext.flags | HOT | DIRTY)
-                            engine.meta.update(None, {key: new})
                         size = os.fstat(fd).st_size
                     except BaseException:
                         os.close(fd)
                         raise
+                    if ext is None or not ext.dirty:
+                        records[key] = Extent(flags=HOT | DIRTY) if ext is None else \
+                            replace(ext, flags=ext.flags | HOT | DIRTY)
                     self.index.written(key, size)  # dirty, a new generation
                     self.index.grow(key, E)        # the writer may fill it
                     self.index.held[key] = self.index.held.get(key, 0) + 1
@@ -81,11 +82,19 @@ class DirectWrites:
                     engine.busy.discard(key)
         except BaseException:
             if granted:
+                self._commit(records)
                 self.release(ino, [i for i, _fd in granted])
                 for _i, fd in granted:
                     os.close(fd)
             raise
+        finally:
+            self._commit(records)
         return granted
+
+    def _commit(self, records: dict) -> None:
+        if records:
+            self.engine.meta.update(None, dict(records))
+            records.clear()
 
     def release(self, ino: int, idxs) -> int:
         """The writer closed its descriptors of these extents: account them at their
