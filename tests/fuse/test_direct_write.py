@@ -261,6 +261,12 @@ def test_the_daemon_hands_out_nothing_for_a_descriptor_that_proves_nothing(pub, 
     try:
         assert _ask(m, {"op": "open", "fd": ro})["errno"] == errno.EBADF      # read-only
         assert _ask(m, {"op": "open", "fd": local})["errno"] == errno.EXDEV   # elsewhere
+        pipe_r, pipe_w = os.pipe()
+        try:
+            assert _ask(m, {"op": "open", "fd": pipe_w})["errno"] == errno.EXDEV  # no file
+        finally:
+            os.close(pipe_r)
+            os.close(pipe_w)
         assert _ask(m, {"op": "open", "fd": unused})["errno"] == errno.EBADF  # none
         assert "descriptor" in _ask(m, {"op": "open"})["error"]
         assert _ask(m, {"session": 1, "hold": [0, 0]})["errno"] == errno.EBADF  # not its own

@@ -4,9 +4,10 @@ per request (client: tierfs/direct_writer.py).
 
 The client opens the file on the mount itself, so the kernel does everything open(2)
 does there (permissions, O_CREAT/O_EXCL/O_TRUNC, umask, setgid directories), and
-names that descriptor in its first request. The daemon looks at it in /proc (the
-peer's pid comes from SO_PEERCRED): it must be open for writing and be a regular
-file of this mount. Holding it proves the open. The daemon never holds a
+names that descriptor in its first request. The daemon reads its /proc/PID/fdinfo
+(the peer's pid comes from SO_PEERCRED): in one read, the access mode, the mount it
+was opened through and the inode; it must be open for writing and be a regular file
+of this mount. Holding it proves the open. The daemon never holds a
 descriptor of its own mount: closing one as it dies (kill -9) would ask itself to
 flush and never exit.
 
@@ -117,24 +118,27 @@ class DirectWrite:
             raise TierfsError("the daemon cannot see the writing process (it runs in another "
                               "pid namespace): direct writes need a daemon that shares the "
                               "host's pid namespace (hostPID in Kubernetes)")
-        # A stat of a file on our own mount may ask us (getattr): not on this thread.
         try:
-            access, st = await trio.to_thread.run_sync(_look_at, pid, fd)
+            access, dev, ino = await trio.to_thread.run_sync(_look_at, pid, fd)
         except FileNotFoundError:
             raise FsError(errno.EBADF, "no such descriptor in the client") from None
         except PermissionError:
             raise FsError(errno.EPERM, "the daemon may not look at the client's "
                                        "descriptors") from None
+        except KeyError:
+            raise TierfsError("the kernel does not show which file a descriptor is "
+                              "(/proc/PID/fdinfo without ino: Linux 5.14 or later)") from None
         if access == os.O_RDONLY:
             raise FsError(errno.EBADF, "the descriptor is not open for writing")
-        if st.st_dev != await self._our_dev() or not stat.S_ISREG(st.st_mode):
+        if dev != await self._our_dev():
             raise FsError(errno.EXDEV, "not a file of this mount")
         self.engine.state.check_writable()
-        self.meta.get_inode(st.st_ino)
-        session = _Session(next(self._ids), st.st_ino, access == os.O_RDWR)
+        if not stat.S_ISREG(self.meta.get_inode(ino).mode):
+            raise FsError(errno.EBADF, "not a regular file")
+        session = _Session(next(self._ids), ino, access == os.O_RDWR)
         sessions[session.sid] = session
         self.stats.inc("direct_write_files")
-        return {"session": session.sid, "ino": st.st_ino, "extent_size": self.engine.E}
+        return {"session": session.sid, "ino": ino, "extent_size": self.engine.E}
 
     async def _our_dev(self) -> int:
         if self._mount_dev is None:
@@ -183,11 +187,22 @@ def _peer_pid(sock) -> int:
     return pid
 
 
-def _look_at(pid: int, fd: int):
-    """(access mode, stat) of descriptor `fd` of process `pid`, without opening it."""
+def _look_at(pid: int, fd: int) -> tuple[int, int | None, int]:
+    """(access mode, device, inode) of descriptor `fd` of process `pid`, from one read of
+    its fdinfo (one view of one open file: swapping the descriptor meanwhile cannot mix
+    two files), the device from the mount it was opened through. Nothing is opened."""
     with open(f"/proc/{pid}/fdinfo/{fd}") as f:
-        flags = next(int(line.split()[1], 8) for line in f if line.startswith("flags:"))
-    return flags & os.O_ACCMODE, os.stat(f"/proc/{pid}/fd/{fd}")
+        info = dict(line.split(":", 1) for line in f if ":" in line)
+    flags, mnt_id, ino = int(info["flags"], 8), int(info["mnt_id"]), int(info["ino"])
+    dev = None  # not a mount of its namespace (a pipe, a socket): not ours either
+    with open(f"/proc/{pid}/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            if int(fields[0]) == mnt_id:
+                major, minor = fields[2].split(":")
+                dev = os.makedev(int(major), int(minor))
+                break
+    return flags & os.O_ACCMODE, dev, ino
 
 
 def _notify_kernel(ino: int, size: int, last: bytes) -> None:
