@@ -154,6 +154,13 @@ class FileDataset:
             return len(f.read())
 
 
+def accelerate_worker(_worker_id: int) -> None:
+    """A DataLoader worker_init_fn: the builtin open() of mount paths goes through
+    tierfs.open from here on (the dataset code is unchanged)."""
+    import tierfs
+    tierfs.accelerate()
+
+
 class OrderSampler:
     """A sampler whose order the driver replaces before every epoch (the iteration
     happens in the main process, so this works with persistent workers)."""
