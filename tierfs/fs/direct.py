@@ -515,7 +515,7 @@ class DirectOpen:
         cached O_RDWR one); None if the file is missing. A local metadata operation:
         inline, as the hot store opens its files."""
         try:
-            return os.open(self.engine.hot.path(ino, idx), os.O_RDONLY | os.O_CLOEXEC)
+            return self.engine.hot.open_private(ino, idx, os.O_RDONLY)
         except FileNotFoundError:
             return None
 

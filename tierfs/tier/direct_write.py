@@ -101,7 +101,7 @@ class DirectWrites:
         real size, dirty with a new generation, and grow the file to the end of its
         data. Returns the file's size."""
         engine = self.engine
-        done = []
+        done: dict[int, int] = {}  # extent -> bytes in its file
         for idx in idxs:
             key = (ino, idx)
             left = self.index.held.get(key, 0) - 1
@@ -116,16 +116,17 @@ class DirectWrites:
                     self.index.set_size(key, size)
             if size is not None:
                 self.index.written(key, size)  # uploads after the delay, as a write would
-                done.append(idx)
+                done[idx] = size
         size = engine.settle_held(ino, done)
-        self._drop_unwritten(ino, done, size)
+        self._drop_unwritten(ino, [i for i, n in done.items() if not n], size)
         return size
 
-    def _drop_unwritten(self, ino: int, idxs: list[int], size: int) -> None:
-        """Extents held ahead of a writer that never got there: nothing to keep."""
+    def _drop_unwritten(self, ino: int, empty: list[int], size: int) -> None:
+        """Extents held ahead of a writer that never got there (their files are
+        empty): nothing to keep."""
         engine = self.engine
         gone = {}
-        for idx in idxs:
+        for idx in empty:
             key = (ino, idx)
             if key in self.index.held or idx * engine.E < size:
                 continue
@@ -134,7 +135,7 @@ class DirectWrites:
             except FsError:  # the file is gone
                 engine.forget_hot(ino, idx)
                 continue
-            if ext is not None and not ext.obj_id and not engine.hot.file_size(ino, idx):
+            if ext is not None and not ext.obj_id:
                 gone[key] = None
                 engine.forget_hot(ino, idx)
         if gone:

@@ -549,16 +549,14 @@ class Engine:
                                                limiter=self.io_limiter))
         await trio.to_thread.run_sync(self.meta.sync, limiter=self.io_limiter)
 
-    def settle_held(self, ino: int, idxs=None) -> int:
+    def settle_held(self, ino: int, sizes: dict[int, int] | None = None) -> int:
         """Grow a file's recorded size to the end of the data in its extent files
-        that direct writers hold (or in `idxs`), with new mtime and ctime if they
-        wrote anything. Returns the file's size."""
-        E = self.E
-        end = 0
-        for idx in self.index.held_indices(ino) if idxs is None else idxs:
-            size = self.hot.file_size(ino, idx)
-            if size:
-                end = max(end, idx * E + size)
+        that direct writers hold (or of `sizes`: extent -> bytes in its file, already
+        looked at), with new mtime and ctime if they wrote anything. Returns the
+        file's size."""
+        if sizes is None:
+            sizes = {i: self.hot.file_size(ino, i) or 0 for i in self.index.held_indices(ino)}
+        end = max((idx * self.E + n for idx, n in sizes.items() if n), default=0)
         try:
             node = self.meta.get_inode(ino)
         except FsError:
