@@ -48,6 +48,8 @@ RANGE = 64                 # extents the daemon hands out per file and request
 NEGATIVE_TTL = 30.0        # seconds a "not a tierfs mount" or "use the mount" answer is kept
 _ANC_SPACE = socket.CMSG_SPACE(253 * array.array("i").itemsize)  # the kernel's SCM_MAX_FD
 _ZEROS = bytes(1 << 20)
+_PROBE = bytearray(1)  # one byte: is a page cached? (its content is never used)
+_nowait = hasattr(os, "RWF_NOWAIT")  # until a filesystem says it does not support it
 _MODES = ("rb", "br")
 
 _lock = threading.Lock()
@@ -410,14 +412,31 @@ class DirectFile(Positioned):
         self._ahead = min(self._ahead * 2, 16)
 
     def _advise(self, lo: int, hi: int) -> None:
-        """Start the disk reads of extents lo..hi held (in parallel)."""
+        """Start the disk reads of extents lo..hi held (in parallel), except of those
+        the page cache already holds: the advice walks every page of an extent, which
+        costs more than reading a cached one."""
         for j in range(lo, hi + 1):
             fd = self._window.get(j)
-            if fd is not None:
+            if fd is not None and not self._cached(fd, min(self._E, self._size - j * self._E)):
                 try:
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
                 except OSError:
                     pass
+
+    def _cached(self, fd: int, length: int) -> bool:
+        """Whether the first and last pages of an extent file are in the page cache
+        (RWF_NOWAIT reads of one byte); False where that cannot be told."""
+        global _nowait
+        if not _nowait or length <= 0:
+            return False
+        try:
+            return all(os.preadv(fd, [_PROBE], at, os.RWF_NOWAIT) == 1
+                       for at in (0, length - 1))
+        except BlockingIOError:
+            return False
+        except OSError:  # EOPNOTSUPP (tmpfs, overlayfs): advise every extent
+            _nowait = False
+            return False
 
     def _through_mount(self) -> int:
         if self._mount_fd is None:

@@ -425,6 +425,9 @@ def test_extents_ranges_update_and_gc(meta):
     assert meta.get_extents(f.ino, 256, (1 << 64) - 1)[1] == {i: exts[i] for i in (256, 1280)}
     assert meta.all_extents(f.ino) == exts
     assert meta.all_extents(other.ino) == {0: Extent(flags=HOT | DIRTY)}
+    assert meta.extent_indices(f.ino) == sorted(exts)  # keys only, not the neighbour's
+    assert meta.extent_indices(other.ino) == [0]
+    assert meta.extent_indices(999_999) == []
     assert err(meta.get_extents, 999_999, 0, 1) == errno.ENOENT
     assert [(i, x) for i, x, _e in scan.extents(meta)] == \
         [(f.ino, i) for i in sorted(exts)] + [(other.ino, 0)]

@@ -323,6 +323,45 @@ def test_descriptors_stay_valid_when_the_extents_are_evicted(pub):
     assert grew(before, counters(m), "cold_reads") == 0  # the old descriptors served it
 
 
+def test_read_ahead_is_asked_for_extents_the_page_cache_lacks(pub, monkeypatch):
+    """A sequential reader starts the disk reads of the extents ahead, except of those
+    already cached: the advice costs more than reading a cached extent."""
+    m = pub()
+    data = pattern(8 * E, 16)
+    p = m.path("f")
+    write_file(p, data)
+    m.cli("sync", m.mountpoint, "--wait", check=True)  # clean pages: evictable below
+    advised = []
+    real = os.posix_fadvise
+
+    def spy(fd, offset, length, advice):
+        if advice == os.POSIX_FADV_WILLNEED:
+            advised.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real(fd, offset, length, advice)
+
+    monkeypatch.setattr(tdirect.os, "posix_fadvise", spy)
+
+    def read_sequentially() -> bytes:
+        with tierfs.open(p, "rb", buffering=0) as f:
+            assert is_direct(f)
+            return b"".join(iter(lambda: f.read(E // 2), b""))
+
+    assert read_sequentially() == data  # the daemon just wrote them: all cached
+    if not tdirect._nowait:
+        pytest.skip("the cache dir's filesystem cannot tell what is cached (RWF_NOWAIT)")
+    assert advised == []
+    for i in range(8):  # out of the page cache, as after memory pressure
+        fd = os.open(hot_file(m, p, i), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            real(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    assert read_sequentially() == data
+    assert advised and set(advised) <= {hot_file(m, p, i) for i in range(1, 8)}
+    assert len(advised) == len(set(advised))  # each extent once
+
+
 def test_reads_go_on_after_the_daemon_is_killed(pub):
     m = pub()
     data = pattern(5 * E + 1, 16)

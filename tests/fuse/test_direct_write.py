@@ -15,7 +15,7 @@ import sys
 import pytest
 
 import tierfs
-from tests.fuse.test_direct import NOBODY, E, counters, grew
+from tests.fuse.test_direct import NOBODY, E, counters, grew, hot_file
 from tests.fuse.test_direct import pub  # noqa: F401,F811 (a fixture)
 from tests.fuse.test_outage import set_faults
 from tests.fuse.test_tiering import pattern
@@ -102,6 +102,31 @@ def test_the_mount_sees_direct_writes_once_closed(pub, cache):
     assert read_file(p) == new
     with open(p, "rb") as f:  # one more open: keep_cache must not bring them back
         assert f.read() == new
+
+
+def test_each_filled_extent_starts_its_writeback(pub, monkeypatch):
+    """A checkpoint writer starts the disk write of every extent it fills (so the
+    fsync at the end does not have all of it to write), and of no other."""
+    from tierfs.hot import writeback
+    if writeback.sync_file_range is None:
+        pytest.skip("this libc has no sync_file_range")
+    m = pub()
+    started = []
+
+    def spy(fd, offset, nbytes, flags):
+        started.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real(fd, offset, nbytes, flags)
+
+    real = writeback.sync_file_range
+    monkeypatch.setattr(writeback, "sync_file_range", spy)
+    data = pattern(3 * E + E // 2, 12)
+    p = m.path("ckpt")
+    with tierfs.open(p, "wb", buffering=0) as f:
+        for at in range(0, len(data), E // 2):  # two writes per extent
+            f.write(data[at:at + E // 2])
+        os.fsync(f.fileno())
+    assert started == [hot_file(m, p, i) for i in range(3)]  # not the half-filled 4th
+    assert read_file(p) == data
 
 
 def test_direct_writes_upload_and_read_back_from_the_bucket(pub):

@@ -242,22 +242,25 @@ def hot_extent_bytes(m, ino: int, idx: int) -> bytes:
         return f.read()
 
 
-# strace lines: `PID fsync(FD</path>) = 0`, or a call split across threads as
-# `PID fsync(FD</path> <unfinished ...>` ... `PID <... fsync resumed>) = 0`.
-_SYNC_CALL = re.compile(r"^(\d+)\s+(?:fsync|fdatasync)\(\d+<(.*)>(\)\s+=\s+0|\s+<unfinished \.\.\.>)$")
-_SYNC_RESUMED = re.compile(r"^(\d+)\s+<\.\.\. (?:fsync|fdatasync) resumed>\)\s+=\s+0$")
+# strace lines: `PID fsync(FD</path>) = 0` (more arguments may follow the path), or
+# a call split across threads as `PID fsync(FD</path> <unfinished ...>` ...
+# `PID <... fsync resumed>) = 0`.
+def _call_patterns(calls):
+    names = "|".join(calls)
+    return (re.compile(rf"^(\d+)\s+(?:{names})\(\d+<([^>]*)>(.*\)\s+=\s+0|.*<unfinished \.\.\.>)$"),
+            re.compile(rf"^(\d+)\s+<\.\.\. (?:{names}) resumed>.*\)\s+=\s+0$"))
 
 
 @contextlib.contextmanager
-def traced_syncs(pid: int, tmp_path):
+def traced_syncs(pid: int, tmp_path, calls=("fsync", "fdatasync")):
     """strace the daemon (all threads) for the duration of the block; yields a
-    list that holds, after the block, the path of every file it fsynced or
-    fdatasynced meanwhile."""
+    list that holds, after the block, the path of every file it made one of
+    `calls` on (successfully) meanwhile, once per call."""
     if shutil.which("strace") is None:
         pytest.skip("needs strace to see the daemon flush its files")
     out, err = tmp_path / "strace.out", tmp_path / "strace.err"
     with open(err, "wb") as err_f:
-        proc = subprocess.Popen(["strace", "-f", "-y", "-e", "trace=fsync,fdatasync",
+        proc = subprocess.Popen(["strace", "-f", "-y", "-e", "trace=" + ",".join(calls),
                                  "-o", str(out), "-p", str(pid)], stderr=err_f)
     synced: list[str] = []
     try:
@@ -268,16 +271,41 @@ def traced_syncs(pid: int, tmp_path):
     finally:
         proc.send_signal(signal.SIGINT)  # detaches from the daemon, which runs on
         proc.wait(timeout=30)
+    call, resumed = _call_patterns(calls)
     unfinished: dict[str, str] = {}
     for line in out.read_text().splitlines():
         line = line.strip()
-        if match := _SYNC_CALL.match(line):
-            if match.group(3).startswith(")"):
+        if match := call.match(line):
+            if "<unfinished ...>" not in match.group(3):
                 synced.append(match.group(2))
             else:
                 unfinished[match.group(1)] = match.group(2)
-        elif (match := _SYNC_RESUMED.match(line)) and match.group(1) in unfinished:
+        elif (match := resumed.match(line)) and match.group(1) in unfinished:
             synced.append(unfinished.pop(match.group(1)))
+
+
+@pytest.mark.parametrize("cache", ["writeback", "no-writeback"])
+def test_each_filled_extent_starts_its_writeback(mount_factory, tmp_path, cache):
+    """The daemon starts the disk write of every extent file written up to its end
+    (so a checkpoint's fsync does not have all of it to write), and of no other."""
+    from tierfs.hot import writeback
+    if writeback.sync_file_range is None:
+        pytest.skip("this libc has no sync_file_range")
+    m = mount_factory(args=("--upload-delay", "3600",
+                            *(["--no-writeback-cache"] if cache == "no-writeback" else [])))
+    hot_dir = os.path.realpath(os.path.join(m.cache_dir, "hot"))
+    data = pattern(3 * E + E // 2)
+    p = m.path("ckpt")
+    out = tmp_path / "strace.out"
+    with traced_syncs(m.pid, tmp_path, calls=("sync_file_range",)) as started:
+        with open(p, "wb") as f:
+            f.write(data)
+        ino = os.stat(p).st_ino
+        wait_until(lambda: out.read_text().count("sync_file_range(") >= 3, 30,
+                   "the daemon to start the writeback of three extents")
+    hot = [os.path.join(hot_dir, f"{ino & 0xff:02x}", f"{ino:x}.{i:x}") for i in range(4)]
+    assert sorted(started) == hot[:3], started  # each filled extent once, not the 4th
+    assert read_uncached(p) == data
 
 
 @pytest.mark.parametrize("config", list(MOUNT_CONFIGS))

@@ -410,13 +410,13 @@ class DirectOpen:
         Returns those that could not be made hot (bucket error, or a cache policy
         that serves them uncached): they are read through the mount."""
         todo = []
-        for ino, idx in keys:
-            try:
-                ext = self._record(ino, idx)
+        for ino, indices in _by_inode(keys).items():
+            try:  # one read of the records per file, not one per extent
+                exts = self.meta.get_extents(ino, min(indices), max(indices))[1]
             except FsError:
                 continue  # the file is gone: its range says so later
-            if ext is not None and not self._ready(ino, idx, ext):
-                todo.append((ino, idx))
+            todo += [(ino, idx) for idx in indices
+                     if (ext := exts.get(idx)) is not None and not self._ready(ino, idx, ext)]
         unready: set = set()
         if not todo:
             return unready
@@ -521,6 +521,13 @@ class DirectOpen:
 
 
 HOLE, MOUNT = object(), object()  # what _slow() answers besides a descriptor
+
+
+def _by_inode(keys: list) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for ino, idx in keys:
+        out.setdefault(ino, []).append(idx)
+    return out
 
 
 class _Line:

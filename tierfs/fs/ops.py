@@ -124,8 +124,9 @@ class Operations(pyfuse3.Operations):
         if not stat.S_ISREG(node.mode) or node.size == 0:
             return (node.size + 511) // 512 if stat.S_ISLNK(node.mode) else 0
         E = self.engine.E
-        _n, exts = self.meta.get_extents(node.ino, 0, (node.size - 1) // E)
-        covered = sum(min(E, node.size - i * E) for i in exts)
+        last = (node.size - 1) // E
+        covered = sum(min(E, node.size - i * E)
+                      for i in self.meta.extent_indices(node.ino) if i <= last)
         return (covered + 511) // 512
 
     def _looked_up(self, ino: int, n: int = 1) -> None:

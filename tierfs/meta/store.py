@@ -566,6 +566,19 @@ class MetaStore:
                     out[s.read_u64(key, 9)] = Extent.decode(val)
         return node, out
 
+    def extent_indices(self, ino: int) -> list[int]:
+        """Indices of the extents a file has records for (keys only: nothing decoded)."""
+        out = []
+        prefix = s.extent_prefix(ino)
+        with self._read() as txn:
+            cur = txn.cursor()
+            if cur.set_range(prefix):
+                for key in cur.iternext(keys=True, values=False):
+                    if key[:9] != prefix:
+                        break
+                    out.append(s.read_u64(key, 9))
+        return out
+
     def all_extents(self, ino: int) -> dict[int, Extent]:
         return self.get_extents(ino, 0, (1 << 64) - 1)[1]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import stat
 import time
 from dataclasses import replace
@@ -18,7 +19,7 @@ import trio
 
 from ..checksum import hot_copy_matches, object_matches
 from ..errors import ChecksumMismatch, ColdStoreError, FsError, ObjectNotFound
-from ..hot import HotStore
+from ..hot import HotStore, writeback
 from ..meta import MetaStore, scan
 from ..meta.schema import DIRTY, HOT, Extent, object_name
 from .cache import HotIndex, Key
@@ -64,6 +65,7 @@ class Engine:
         self.index = HotIndex()
         self.s3_limiter = trio.CapacityLimiter(s3_threads)
         self.io_limiter = trio.CapacityLimiter(io_threads)
+        self._writeback_limiter = trio.CapacityLimiter(2)
         self._fetching: dict[Key, _Fetch] = {}
         self.gc_guard = lambda epoch: True  # may an object dropped in `epoch` go?
         self.busy: set[Key] = set()  # extents being changed: never evicted meanwhile
@@ -431,6 +433,7 @@ class Engine:
         self.state.check_writable()  # fenced while this write waited: it must not land
         view = memoryview(data)
         changed = {}
+        filled = []
         pos = off
         t = time.time_ns()
         while pos < end:
@@ -444,6 +447,8 @@ class Engine:
             elif not (ext.hot and ext.dirty):
                 changed[(ino, idx)] = replace(ext, flags=ext.flags | HOT | DIRTY)
             self.index.written((ino, idx), pos - start + n)
+            if pos - start + n == E:
+                filled.append(idx)
             pos += n
         if end > node.size:
             node.size = end
@@ -453,7 +458,30 @@ class Engine:
             node.mtime_ns = node.ctime_ns = t
         self.meta.update(node, changed)
         self.stats.inc("write_bytes", length)
+        for idx in filled:
+            self._start_writeback(ino, idx)
         return length
+
+    def _start_writeback(self, ino: int, idx: int) -> None:
+        """An extent file was written up to its end: start its disk write in a worker
+        thread, so that an fsync later (a checkpoint's) finds most of the file written."""
+        if self.nursery is None or writeback.sync_file_range is None:
+            return
+        fd = self.hot.dup_fd(ino, idx)
+        if fd is None:
+            return
+
+        async def run() -> None:
+            try:
+                await trio.to_thread.run_sync(writeback.start_writeback, fd,
+                                              limiter=self._writeback_limiter)
+            finally:
+                os.close(fd)
+
+        try:
+            self.nursery.start_soon(run)
+        except RuntimeError:  # the background nursery is closing: the fsync does it all
+            os.close(fd)
 
     async def _prepare_write(self, ino: int, off: int, end: int):
         """Fetch partially overwritten cold extents and wait for room; loops
