@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass, field
 
 from .client import daemon_info
+from .hot import pagecache
 from .errors import UserError
 
 log = logging.getLogger(__name__)
@@ -48,8 +49,6 @@ RANGE = 64                 # extents the daemon hands out per file and request
 NEGATIVE_TTL = 30.0        # seconds a "not a tierfs mount" or "use the mount" answer is kept
 _ANC_SPACE = socket.CMSG_SPACE(253 * array.array("i").itemsize)  # the kernel's SCM_MAX_FD
 _ZEROS = bytes(1 << 20)
-_PROBE = bytearray(1)  # one byte: is a page cached? (its content is never used)
-_nowait = hasattr(os, "RWF_NOWAIT")  # until a filesystem says it does not support it
 _MODES = ("rb", "br")
 
 _lock = threading.Lock()
@@ -397,17 +396,19 @@ class DirectFile(Positioned):
     def _read_ahead(self, start: int, end: int) -> None:
         """A sequential reader entering an extent gets the disk reads of the next ones
         started (POSIX_FADV_WILLNEED, in parallel), as the daemon does for reads
-        through the mount: a new extent file would otherwise start its readahead small."""
+        through the mount: a new extent file would otherwise start its readahead small.
+        A read across extents gets all of them started, its first one included."""
         first, idx = start // self._E, (end - 1) // self._E
+        lo = first if idx > first else first + 1
         sequential = start == self._next_pos
         self._next_pos = end
         if not sequential:  # a seek: nothing ahead, but one large read gets all it covers
-            self._advise(first + 1, min(idx, self._hi))
+            self._advise(lo, min(idx, self._hi))
             self._advised, self._ahead = idx, 1
             return
         if idx < self._advised:
             return
-        self._advise(max(idx, self._advised) + 1, min(idx + self._ahead, self._hi))
+        self._advise(max(lo, self._advised + 1), min(idx + self._ahead, self._hi))
         self._advised = max(self._advised, min(idx + self._ahead, self._hi))
         self._ahead = min(self._ahead * 2, 16)
 
@@ -423,20 +424,11 @@ class DirectFile(Positioned):
                 except OSError:
                     pass
 
-    def _cached(self, fd: int, length: int) -> bool:
-        """Whether the first and last pages of an extent file are in the page cache
-        (RWF_NOWAIT reads of one byte); False where that cannot be told."""
-        global _nowait
-        if not _nowait or length <= 0:
-            return False
-        try:
-            return all(os.preadv(fd, [_PROBE], at, os.RWF_NOWAIT) == 1
-                       for at in (0, length - 1))
-        except BlockingIOError:
-            return False
-        except OSError:  # EOPNOTSUPP (tmpfs, overlayfs): advise every extent
-            _nowait = False
-            return False
+    @staticmethod
+    def _cached(fd: int, length: int) -> bool:
+        """Whether the page cache holds all of an extent file (False where the
+        kernel cannot tell: every extent is advised then)."""
+        return length > 0 and bool(pagecache.is_cached(fd, length))
 
     def _through_mount(self) -> int:
         if self._mount_fd is None:

@@ -40,7 +40,7 @@ import logging
 import os
 import stat
 
-from .hot import writeback
+from .hot import pagecache
 from .direct import (BUFFER_SIZE, RANGE, Positioned, _close_all, _Conn, _Fallback, _forget,
                      _mount_of, _note, _pread, _talk, _zero)
 
@@ -210,7 +210,7 @@ class DirectWriter(Positioned):
                     fd = self._hold(idx)
                 wrote = os.pwrite(fd, view[done:done + min(n - done, E - off)], off)
                 if off + wrote == E:  # filled: its fsync later finds it written
-                    writeback.start_writeback(fd)
+                    pagecache.start_writeback(fd)
                 done += wrote
             self._pos = pos + n
             self._size = max(self._size, self._pos)

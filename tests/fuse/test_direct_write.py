@@ -107,8 +107,8 @@ def test_the_mount_sees_direct_writes_once_closed(pub, cache):
 def test_each_filled_extent_starts_its_writeback(pub, monkeypatch):
     """A checkpoint writer starts the disk write of every extent it fills (so the
     fsync at the end does not have all of it to write), and of no other."""
-    from tierfs.hot import writeback
-    if writeback.sync_file_range is None:
+    from tierfs.hot import pagecache
+    if pagecache.sync_file_range is None:
         pytest.skip("this libc has no sync_file_range")
     m = pub()
     started = []
@@ -117,8 +117,8 @@ def test_each_filled_extent_starts_its_writeback(pub, monkeypatch):
         started.append(os.readlink(f"/proc/self/fd/{fd}"))
         return real(fd, offset, nbytes, flags)
 
-    real = writeback.sync_file_range
-    monkeypatch.setattr(writeback, "sync_file_range", spy)
+    real = pagecache.sync_file_range
+    monkeypatch.setattr(pagecache, "sync_file_range", spy)
     data = pattern(3 * E + E // 2, 12)
     p = m.path("ckpt")
     with tierfs.open(p, "wb", buffering=0) as f:

@@ -288,8 +288,8 @@ def traced_syncs(pid: int, tmp_path, calls=("fsync", "fdatasync")):
 def test_each_filled_extent_starts_its_writeback(mount_factory, tmp_path, cache):
     """The daemon starts the disk write of every extent file written up to its end
     (so a checkpoint's fsync does not have all of it to write), and of no other."""
-    from tierfs.hot import writeback
-    if writeback.sync_file_range is None:
+    from tierfs.hot import pagecache
+    if pagecache.sync_file_range is None:
         pytest.skip("this libc has no sync_file_range")
     m = mount_factory(args=("--upload-delay", "3600",
                             *(["--no-writeback-cache"] if cache == "no-writeback" else [])))

@@ -19,7 +19,7 @@ import trio
 
 from ..checksum import hot_copy_matches, object_matches
 from ..errors import ChecksumMismatch, ColdStoreError, FsError, ObjectNotFound
-from ..hot import HotStore, writeback
+from ..hot import HotStore, pagecache
 from ..meta import MetaStore, scan
 from ..meta.schema import DIRTY, HOT, Extent, object_name
 from .cache import HotIndex, Key
@@ -465,7 +465,7 @@ class Engine:
     def _start_writeback(self, ino: int, idx: int) -> None:
         """An extent file was written up to its end: start its disk write in a worker
         thread, so that an fsync later (a checkpoint's) finds most of the file written."""
-        if self.nursery is None or writeback.sync_file_range is None:
+        if self.nursery is None or pagecache.sync_file_range is None:
             return
         fd = self.hot.dup_fd(ino, idx)
         if fd is None:
@@ -473,7 +473,7 @@ class Engine:
 
         async def run() -> None:
             try:
-                await trio.to_thread.run_sync(writeback.start_writeback, fd,
+                await trio.to_thread.run_sync(pagecache.start_writeback, fd,
                                               limiter=self._writeback_limiter)
             finally:
                 os.close(fd)
