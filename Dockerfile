@@ -64,7 +64,6 @@ RUN set -eux; \
         || pkgs="$pkgs python3-dev"; \
     fi; \
     apt-get update -qq; \
-    if apt-cache show util-linux-extra >/dev/null 2>&1; then pkgs="$pkgs util-linux-extra"; fi; \
     apt-get install -y -qq --no-install-recommends $pkgs; \
     rm -rf /var/lib/apt/lists/*; \
     update-ca-certificates

@@ -21,7 +21,7 @@ exec 9<"$repo/scripts/install.sh"
 flock 9
 
 need_apt=0
-for bin in fusermount3 pkg-config gcc strace fincore python3; do
+for bin in fusermount3 pkg-config gcc strace python3; do
   command -v "$bin" >/dev/null 2>&1 || need_apt=1
 done
 [ -f /usr/include/fuse3/fuse_lowlevel.h ] || need_apt=1
@@ -29,12 +29,7 @@ python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need_apt=1
 if [ "$need_apt" = 1 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  # fincore (page cache residency, for the tests) is in util-linux-extra from Debian 12 and
-  # Ubuntu 22.10 on, in util-linux before.
-  extra=""
-  apt-cache show util-linux-extra >/dev/null 2>&1 && extra=util-linux-extra
-  apt-get install -y -qq fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv attr strace \
-    $extra >/dev/null
+  apt-get install -y -qq fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv attr strace >/dev/null
 fi
 
 stamp=.venv/.tierfs-install-stamp

@@ -15,7 +15,6 @@ import os
 import pickle
 import shutil
 import socket
-import subprocess
 import tempfile
 import zipfile
 
@@ -23,7 +22,7 @@ import pytest
 
 import tierfs
 from tierfs import direct as tdirect
-from tests.harness import in_child_as, wait_until, write_file
+from tests.harness import cached_pages, in_child_as, wait_until, write_file
 from tierfs.hot import HotStore, pagecache
 from tests.fuse.test_tiering import pattern
 from tierfs.mountpoint import mounts
@@ -327,8 +326,6 @@ def test_descriptors_stay_valid_when_the_extents_are_evicted(pub):
 def test_read_ahead_is_asked_for_extents_the_page_cache_lacks(pub, monkeypatch):
     """A sequential reader starts the disk reads of the extents ahead, except of those
     already cached: the advice costs more than reading a cached extent."""
-    if shutil.which("fincore") is None:
-        pytest.skip("needs fincore (util-linux) to see what the page cache holds")
     m = pub()
     data = pattern(8 * E, 16)
     p = m.path("f")
@@ -364,9 +361,7 @@ def test_read_ahead_is_asked_for_extents_the_page_cache_lacks(pub, monkeypatch):
                 real(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
-        out = subprocess.run(["fincore", "--noheadings", "--output", "PAGES", *files],
-                             capture_output=True, text=True, check=True).stdout
-        return out.split() == ["0"] * len(files)
+        return not any(cached_pages(path) for path in files)
 
     def evict() -> None:  # out of the page cache, as after memory pressure
         wait_until(evicted, 10, "the extent files to leave the page cache")
