@@ -70,6 +70,8 @@ class MountConfig:
     min_free: int = 1 << 30
     upload_delay: float = 5.0
     upload_parallel: int = 8
+    pack_below: int = 1 << 20
+    pack_size: int = 64 << 20
     unmount_upload_timeout: float = 60.0
     checkpoint_interval: float = 300.0
     checkpoint_keep: int = 3
@@ -134,6 +136,10 @@ OPTIONS = (
     Option("upload_delay", "float", "seconds after the last write before an extent is uploaded "
            "(up to 4x as long while the mount is being written)", low=0),
     Option("upload_parallel", "int", "concurrent uploads", low=1),
+    Option("pack_below", "size", "files up to this size are uploaded packed together into "
+           "shared objects (0: never)", low=0),
+    Option("pack_size", "size", "largest shared object of packed small files", low=1 << 20,
+           high=5 << 30),
     Option("unmount_upload_timeout", "float", "seconds unmount spends uploading dirty data",
            low=0),
     Option("checkpoint_interval", "float", "seconds between metadata checkpoints into the "

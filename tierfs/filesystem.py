@@ -13,7 +13,7 @@ from .cold.faulty import ControlledFaults
 from .cold.retry import RetryingStore
 from .errors import ObjectNotFound, UserError
 from .meta import MetaStore
-from .meta.schema import FORMAT_VERSION, SUPERBLOCK_OBJECT, Superblock
+from .meta.schema import FORMAT_VERSION, READABLE_FORMATS, SUPERBLOCK_OBJECT, Superblock
 from .tier.lease import LEASE_KEY, Lease
 from .tier.recover import recover
 
@@ -44,10 +44,25 @@ def read_superblock(cold) -> Superblock | None:
     except (ValueError, KeyError):
         raise UserError(f"{cold.describe()}/{SUPERBLOCK_OBJECT} is not a valid tierfs "
                         f"superblock: use another location") from None
-    if sb.format_version != FORMAT_VERSION:
+    if sb.format_version not in READABLE_FORMATS:
         raise UserError(f"filesystem at {cold.describe()} has format version {sb.format_version}, "
-                        f"this tierfs reads version {FORMAT_VERSION}: use a matching tierfs release")
+                        f"this tierfs reads versions {READABLE_FORMATS[0]} to {FORMAT_VERSION}: "
+                        f"use a newer tierfs release")
     return sb
+
+
+def upgrade(cold, meta, sb: Superblock) -> str | None:
+    """Bring an older format up to this release's, in place: format 2 only adds
+    records for packs, so nothing is rewritten; the bucket's superblock then keeps
+    releases that cannot read packs out. Returns a note for the user, or None."""
+    if sb.format_version >= FORMAT_VERSION:
+        return None
+    old = sb.format_version
+    sb.format_version = FORMAT_VERSION
+    meta.put_superblock(sb)
+    cold.put(SUPERBLOCK_OBJECT, sb.encode())
+    return (f"upgraded filesystem {sb.fs_id} from format {old} to {FORMAT_VERSION} "
+            f"(small files are packed from now on; older releases cannot mount it)")
 
 
 def meta_dir(cache_dir: str) -> str:
@@ -82,6 +97,11 @@ def attach(cfg, cold, *, force: bool = False, allow_recover: bool = True, state=
         notes.append(took)
     try:
         meta, more = _attach_metadata(cfg, cold, sb, allow_recover, lease)
+        if sb is not None:
+            note = upgrade(cold, meta, sb)
+            if note:
+                log.info("%s", note)
+                more.append(note)
     except BaseException:
         lease.abandon()  # a refused mount must not keep others out, nor pose as the writer
         raise

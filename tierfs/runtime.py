@@ -122,7 +122,8 @@ class Daemon:
         check_cache_size(self.space, self.sb.extent_size)
         self.engine.space = self.space
         self.uploader = Uploader(self.engine, self.space, delay=cfg.upload_delay,
-                                 parallel=cfg.upload_parallel)
+                                 parallel=cfg.upload_parallel, pack_below=cfg.pack_below,
+                                 pack_size=cfg.pack_size)
         self.gc = GarbageCollector(self.engine)
         self.uploader.paused = self.gc.paused = lambda: self.state.fenced
         self.checkpointer = Checkpointer(self.engine, cfg.cache_dir,

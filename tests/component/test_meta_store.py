@@ -11,7 +11,7 @@ import pytest
 from tierfs.errors import FsError
 from tierfs.meta import MetaStore, scan
 from tierfs.meta import schema as s
-from tierfs.meta.schema import DIRTY, HOT, ROOT_INO, Extent, Superblock
+from tierfs.meta.schema import DIRTY, HOT, ROOT_INO, Extent, Pack, Ref, Superblock
 
 REG = stat.S_IFREG | 0o644
 DIR = stat.S_IFDIR | 0o755
@@ -488,3 +488,58 @@ def test_orphans_survive_reopen(tmp_path, meta):
         assert again.orphans() == []
     finally:
         again.close()
+
+
+# ---- packs --------------------------------------------------------------------------
+def test_a_pack_goes_to_gc_with_its_last_reference(meta):
+    f = mkfile(meta, ROOT_INO, b"f")
+    g = mkfile(meta, ROOT_INO, b"g")
+    pack_id = meta.next_object_id()
+    a = Extent(flags=HOT, length=100, checksum=1, obj_id=pack_id, obj_off=0, obj_len=100)
+    b = Extent(flags=HOT, length=50, checksum=2, obj_id=pack_id, obj_off=100, obj_len=50)
+    ra, rb = Ref(0, 100, f.ino, 0), Ref(100, 50, g.ino, 0)
+    meta.update(None, {(f.ino, 0): a, (g.ino, 0): b}, uploaded=[pack_id],
+                packs={pack_id: (150, [ra, rb])})
+    assert meta.pack(pack_id) == Pack(150, 150)
+    assert meta.pack_refs(pack_id) == [ra, rb]
+    assert meta.pack_refs(pack_id, 50, 150) == [rb] and meta.pack_refs(pack_id, 0, 100) == [ra]
+    assert meta.upload_intents() == []
+    meta.begin_epoch()  # a checkpoint may hold the pack from now on
+    meta.copy_taken()
+    # f is rewritten: its old reference goes, twice (a drop is idempotent)
+    meta.update(None, {(f.ino, 0): Extent(flags=HOT | DIRTY)}, gc_objects=[a.ref])
+    meta.update(None, {}, gc_objects=[a.ref])
+    assert meta.pack(pack_id) == Pack(150, 50) and meta.pack_refs(pack_id) == [rb]
+    assert gc_ids(meta) == []  # g still reads from it
+    with pytest.raises(ValueError):  # a pack is never dropped whole while referenced
+        meta.update(None, {}, gc_objects=[pack_id])
+    assert meta.pack(pack_id) is not None and gc_ids(meta) == []
+    # g unlinked and purged: the last reference, so the whole pack goes (after the
+    # checkpoints of this epoch, which may reference it)
+    meta.unlink(ROOT_INO, b"g", never)
+    assert meta.pack(pack_id) is None and meta.pack_refs(pack_id) == []
+    assert meta.gc_pending() == [(pack_id, meta.epoch)]
+    assert meta.gc_backlog() == (1, 150)
+
+
+def test_a_pack_made_after_the_checkpoint_copy_goes_at_once(meta):
+    f = mkfile(meta, ROOT_INO, b"f")
+    pack_id = meta.next_object_id()
+    ext = Extent(flags=HOT, length=10, obj_id=pack_id, obj_off=0, obj_len=10)
+    meta.update(None, {(f.ino, 0): ext}, uploaded=[pack_id],
+                packs={pack_id: (10, [Ref(0, 10, f.ino, 0)])})
+    meta.update(None, {(f.ino, 0): None}, gc_objects=[ext.ref])
+    assert meta.gc_pending() == [(pack_id, 0)]  # in no checkpoint: nothing to wait for
+
+
+def test_set_pack_refs_repairs_what_the_records_say(meta):
+    pack_id = meta.next_object_id()
+    meta.update(None, {}, uploaded=[pack_id],
+                packs={pack_id: (300, [Ref(0, 100, 5, 0), Ref(100, 100, 6, 0)])})
+    refs = [Ref(0, 100, 5, 0), Ref(200, 100, 7, 1)]
+    meta.set_pack_refs(pack_id, refs)
+    assert meta.pack_refs(pack_id) == refs
+    assert meta.pack(pack_id) == Pack(300, 200)
+    meta.set_pack_refs(pack_id, [])
+    assert meta.pack(pack_id) is None and meta.pack_refs(pack_id) == []
+    assert gc_ids(meta) == [pack_id]

@@ -235,14 +235,16 @@ async def engine_stack(tmp_path, *, extent_size: int, cache_size: int, upload_de
                        faults: dict | None = None, seed: int = 0, retry_timeout: float = 5.0,
                        upload_parallel: int = 4, gc_interval: float = 0.05,
                        checkpoint_every: float = 0.25, checkpoint_keep: int = 2,
-                       allowed_errors: tuple[str, ...] = ()):
+                       allowed_errors: tuple[str, ...] = (), pack_below: int = 0,
+                       pack_size: int = 64 << 20):
     """The engine stack of Daemon.prepare + Daemon._background, FUSE-free.
 
     faults: FaultyStore attributes (fail_rate, latency_s, ...) set once the stack
     runs. retry_timeout: RetryingStore budget as the daemon has it; 0 = none, so
     transient faults reach the engine. A body that ends well fails if the engine
     logged an ERROR (a swallowed exception in the uploader, a lost hot file...)
-    that contains none of `allowed_errors`."""
+    that contains none of `allowed_errors`. pack_below, pack_size: the uploader's
+    packing of small files (off unless asked for)."""
     tmp = str(tmp_path)
     memory = MemoryStore()
     faulty = FaultyStore(memory, seed=seed)
@@ -263,7 +265,8 @@ async def engine_stack(tmp_path, *, extent_size: int, cache_size: int, upload_de
         assert engine.load_index() == []
         space = Space(engine, cache_size=cache_size, min_free=0)
         engine.space = space
-        uploader = Uploader(engine, space, delay=upload_delay, parallel=upload_parallel)
+        uploader = Uploader(engine, space, delay=upload_delay, parallel=upload_parallel,
+                            pack_below=pack_below, pack_size=pack_size)
         gc = GarbageCollector(engine, interval=gc_interval)
         checkpointer = Checkpointer(engine, tmp, interval=0, keep=checkpoint_keep)
         checkpointer.load()

@@ -11,6 +11,7 @@ import trio
 import trio.testing
 
 from tierfs.errors import FsError
+from tierfs.meta import scan
 from tierfs.meta.schema import object_name
 
 from .harness import KiB, engine_stack, run, settle, until
@@ -24,10 +25,11 @@ RAW_FAULT_LOGS = ("cold read of",)
 
 # ---- random ops against the model ---------------------------------------------------
 async def _random(tmp_path, cfg: Config, *, cache_extents: int, upload_delay: float,
-                  faults: dict | None, retry_timeout: float = 5.0):
+                  faults: dict | None, retry_timeout: float = 5.0, pack_below: int = 0):
     async with engine_stack(tmp_path, extent_size=E, cache_size=cache_extents * E,
                             upload_delay=upload_delay, faults=faults, seed=cfg.seed,
-                            retry_timeout=retry_timeout,
+                            retry_timeout=retry_timeout, pack_below=pack_below,
+                            pack_size=PACK_SIZE,
                             allowed_errors=RAW_FAULT_LOGS if cfg.eio_ok else ()) as s:
         driver = Driver(s, cfg)
         await driver.run()
@@ -35,7 +37,26 @@ async def _random(tmp_path, cfg: Config, *, cache_extents: int, upload_delay: fl
         # The run did what it is for: data went cold and came back, under pressure.
         assert stats["uploads"] and stats["evictions"] and stats["cold_reads"], dict(stats)
         assert driver.counts["lane_write"] and driver.counts["truncate"], driver.counts
+        if pack_below:  # and packs were made, and went to gc as their files changed
+            live = len(list(scan.packs(s.meta)))
+            died = stats["pack_uploads"] - stats.get("packs_superseded", 0) - live
+            assert stats["packed_extents"] and live and died > 0, (dict(stats), live)
+            assert_pack_references_match(s.meta)
         return driver
+
+
+PACK_SIZE = 4 * E  # small packs: many of them, each shared by a few files
+
+
+def assert_pack_references_match(meta) -> None:
+    """The invariant that keeps gc from deleting a pack in use: the references the
+    store records are exactly those the extents hold, and every pack has some."""
+    packs = {obj_id for obj_id, _pack in scan.packs(meta)}
+    held = {(ext.obj_id, ext.obj_off, ext.obj_len, ino, idx)
+            for ino, idx, ext in scan.extents(meta) if ext.obj_id in packs}
+    recorded = {(obj_id, r.offset, r.length, r.ino, r.index) for obj_id, r in scan.refs(meta)}
+    assert held == recorded, (held - recorded, recorded - held)
+    assert packs == {ref[0] for ref in recorded}
 
 
 RANDOM = [  # seed, hot tier in extents, concurrent tasks, upload delay, store latency
@@ -53,11 +74,21 @@ def test_random_ops_match_model(tmp_path, seed, hot, tasks, delay, latency):
                 faults={"latency_s": latency}), timeout=30)
 
 
+@pytest.mark.parametrize("seed", [5, 6])
+def test_random_ops_match_model_with_packed_small_files(tmp_path, seed):
+    """Files up to 12 extents (most of the model's) are uploaded packed, 4 extents a
+    pack: rewrites, truncates and unlinks drop references into packs shared with
+    other files, and gc deletes a pack with its last one."""
+    cfg = Config(seed=seed, tasks=4)
+    run(partial(_random, tmp_path, cfg, cache_extents=6, upload_delay=0.01,
+                faults={"latency_s": 0.001}, pack_below=12 * E), timeout=30)
+
+
 def test_random_ops_with_retried_faults_and_outages(tmp_path):
     """Transient errors and short outages behind the daemon's retries: no op may fail."""
     cfg = Config(seed=11, outages=True, ops=300)
     run(partial(_random, tmp_path, cfg, cache_extents=6, upload_delay=0.0,
-                faults={"fail_rate": 0.05, "latency_s": 0.001}), timeout=30)
+                faults={"fail_rate": 0.05, "latency_s": 0.001}, pack_below=8 * E), timeout=30)
 
 
 def test_random_ops_with_raw_faults(tmp_path):

@@ -22,7 +22,9 @@ def test_superblock_round_trip():
     assert sb.format_version == s.FORMAT_VERSION
     # A record written without created_ns (older writer) still decodes.
     old = b'{"extent_size": 1048576, "format": 1, "fs_id": "x"}'
-    assert Superblock.decode(old) == Superblock(fs_id="x", extent_size=1 << 20, created_ns=0)
+    assert Superblock.decode(old) == Superblock(fs_id="x", extent_size=1 << 20, created_ns=0,
+                                                format_version=1)
+    assert 1 in s.READABLE_FORMATS and s.FORMAT_VERSION in s.READABLE_FORMATS
 
 
 def test_superblock_encoding_is_deterministic():
@@ -104,8 +106,9 @@ def test_keys_have_distinct_table_tags():
         "S": s.SUPERBLOCK_KEY, "C": s.counter_key(b"ino"), "I": s.inode_key(1),
         "D": s.dentry_key(1, b"a"), "K": s.cookie_key(1, 3), "T": s.symlink_key(1),
         "X": s.xattr_key(1, b"user.a"), "E": s.extent_key(1, 0), "O": s.orphan_key(1),
-        "G": s.gc_key(1),
+        "G": s.gc_key(1), "U": s.intent_key(1), "P": s.pack_key(1), "R": s.ref_key(1, 0),
     }
+    assert len(keys) == len({k[:1] for k in keys.values()})
     for tag, key in keys.items():
         assert key[:1] == tag.encode()
 
@@ -122,6 +125,14 @@ def test_key_layouts():
     assert s.split_extent_key(s.extent_key(U64_MAX, U64_MAX)) == (U64_MAX, U64_MAX)
     assert s.orphan_key(6) == b"O" + s.u64(6)
     assert s.gc_key(7) == b"G" + s.u64(7)
+    assert s.pack_key(8) == b"P" + s.u64(8)
+    assert s.ref_key(8, 9) == s.ref_prefix(8) + s.u64(9)
+
+
+def test_pack_round_trip_and_extent_ref():
+    assert s.Pack.decode(s.Pack(64 << 20, 12345).encode()) == s.Pack(64 << 20, 12345)
+    ext = s.Extent(flags=s.HOT, length=10, checksum=7, obj_id=3, obj_off=4096, obj_len=10)
+    assert ext.ref == (3, 4096, 10)
 
 
 def _scan(keys: list[bytes], prefix: bytes) -> list[bytes]:

@@ -65,6 +65,10 @@ def _print_mount(out: dict) -> None:
           + (f", failing: {out['upload_error']}" if out.get("upload_error") else ""))
     print(f"bucket gc    {plural(out['gc_backlog_objects'], 'superseded object')} "
           f"({format_size(out['gc_backlog_bytes'])}) waiting for deletion")
+    if out.get("packs"):
+        print(f"packs        {plural(out['packs'], 'object')} of small files, "
+              f"{format_size(out['pack_live_bytes'])} of {format_size(out['pack_bytes'])} "
+              f"still in use")
     hit = out["hit_rate"]
     print(f"hit rate     {'-' if hit is None else f'{hit * 100:.1f}%'} of bytes read")
     c = out["counters"]

@@ -134,7 +134,8 @@ class S3Store:
     def put(self, key: str, data: bytes) -> None:
         try:
             # A single PutObject is atomic: readers see old or new, never part.
-            self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=bytes(data))
+            body = data if isinstance(data, (bytes, bytearray)) else bytes(data)  # no copy of a pack
+            self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=body)
         except (bce.BotoCoreError, bce.ClientError) as e:
             raise self._error(e, "put", key) from e
 

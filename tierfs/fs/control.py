@@ -205,11 +205,16 @@ class Control:
 
         def bucket_scan():
             cold = sum(x.obj_len for _i, _x, x in scan.extents(self.meta) if not x.hot)
-            return cold, self.meta.gc_backlog()
+            packs = [p for _id, p in scan.packs(self.meta)]
+            return cold, self.meta.gc_backlog(), packs
 
-        cold_bytes, (gc_objects, gc_bytes) = await self.scan_in_thread(bucket_scan)
+        cold_bytes, (gc_objects, gc_bytes), packs = await self.scan_in_thread(bucket_scan)
         out.update({
             "cold_bytes": cold_bytes,
+            # Objects holding small files; bytes of files deleted or rewritten since
+            # stay in them until the whole pack is dead.
+            "packs": len(packs), "pack_bytes": sum(p.total for p in packs),
+            "pack_live_bytes": sum(p.live for p in packs),
             # Superseded objects not deleted yet: kept checkpoints may need them.
             "gc_backlog_objects": gc_objects, "gc_backlog_bytes": gc_bytes,
             "upload_error": d.uploader.last_error,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from . import schema as s
-from .schema import Extent, Inode
+from .schema import Extent, Inode, Pack, Ref
 
 
 def _scan(store, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
@@ -40,6 +40,17 @@ def extents(store) -> Iterator[tuple[int, int, Extent]]:
     for key, val in _scan(store, b"E"):
         ino, idx = s.split_extent_key(key)
         yield ino, idx, Extent.decode(val)
+
+
+def packs(store) -> Iterator[tuple[int, Pack]]:
+    for key, val in _scan(store, b"P"):
+        yield s.read_u64(key, 1), Pack.decode(val)
+
+
+def refs(store) -> Iterator[tuple[int, Ref]]:
+    """(pack id, reference) of every live reference into a pack."""
+    for key, val in _scan(store, b"R"):
+        yield s.read_u64(key, 1), Ref.decode(key, val)
 
 
 def paths(store) -> dict[int, str]:

@@ -20,6 +20,14 @@ record version, so a later format can still read older records.
                                              bucket once every kept checkpoint is newer than
                                              `epoch` (0: at once); its size when known
   U    b'U' object id:u64                    b'' : upload in flight (gc'd if the daemon dies)
+  P    b'P' object id:u64                    Pack: total bytes:u64, live bytes:u64 (an object
+                                             holding the extents of several small files)
+  R    b'R' object id:u64 offset:u64         length:u64 ino:u64 index:u64 : one live reference
+                                             into a pack, by the extent that holds it; the
+                                             pack goes to gc when its last one is dropped
+
+An object without a P record holds one extent (format 1 wrote only these; large
+extents still get them). Format 2 added P and R.
 
 Directory cookies 1 and 2 are '.' and '..'; entries start at 3.
 """
@@ -29,7 +37,8 @@ import json
 import struct
 from dataclasses import dataclass
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_FORMATS = (1, 2)  # older ones are upgraded in place at mount (nothing to rewrite)
 FIRST_COOKIE = 3
 ROOT_INO = 1
 
@@ -107,6 +116,38 @@ def gc_key(obj_id: int) -> bytes:
 
 def intent_key(obj_id: int) -> bytes:
     return b"U" + _U64.pack(obj_id)
+
+
+def pack_key(obj_id: int) -> bytes:
+    return b"P" + _U64.pack(obj_id)
+
+
+def ref_key(obj_id: int, offset: int) -> bytes:
+    return b"R" + _U64x2.pack(obj_id, offset)
+
+
+def ref_prefix(obj_id: int) -> bytes:
+    return b"R" + _U64.pack(obj_id)
+
+
+_REF = struct.Struct(">QQQ")
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    """A live reference into a pack: its bytes, and the extent that holds them."""
+    offset: int
+    length: int
+    ino: int
+    index: int
+
+    def encode(self) -> bytes:
+        return _REF.pack(self.length, self.ino, self.index)
+
+    @classmethod
+    def decode(cls, key: bytes, raw: bytes) -> "Ref":
+        length, ino, index = _REF.unpack(raw)
+        return cls(read_u64(key, 9), length, ino, index)
 
 
 # ---- records ------------------------------------------------------------------
@@ -201,10 +242,29 @@ class Extent:
         return _EXTENT_V1.pack(1, self.flags, self.length, self.checksum,
                                self.obj_id, self.obj_off, self.obj_len)
 
+    @property
+    def ref(self) -> tuple[int, int, int]:
+        """(object id, offset, length): where its bytes are in the bucket."""
+        return self.obj_id, self.obj_off, self.obj_len
+
     @classmethod
     def decode(cls, raw: bytes) -> "Extent":
         _v, flags, length, csum, oid, ooff, olen = _EXTENT_V1.unpack(raw)
         return cls(flags, length, csum, oid, ooff, olen)
+
+
+@dataclass(slots=True)
+class Pack:
+    """An object holding several extents: its size, and the bytes still referenced."""
+    total: int
+    live: int
+
+    def encode(self) -> bytes:
+        return _U64x2.pack(self.total, self.live)
+
+    @classmethod
+    def decode(cls, raw: bytes) -> "Pack":
+        return cls(*_U64x2.unpack(raw))
 
 
 def object_name(obj_id: int) -> str:

@@ -17,7 +17,7 @@ import lmdb
 
 from ..errors import FsError, UserError
 from . import schema as s
-from .schema import Extent, Inode, Superblock
+from .schema import Extent, Inode, Pack, Ref, Superblock
 
 NAME_MAX = 255
 DEFAULT_MAP_SIZE = 1 << 36  # 64 GiB of address space; the file grows as used
@@ -95,6 +95,11 @@ class MetaStore:
         return Superblock.decode(raw) if raw else None
 
     @_grows_when_full
+    def put_superblock(self, sb: Superblock) -> None:
+        with self._write() as txn:
+            txn.put(s.SUPERBLOCK_KEY, sb.encode())
+
+    @_grows_when_full
     def format(self, sb: Superblock, uid: int, gid: int) -> None:
         """Create an empty filesystem: superblock, counters and the root directory."""
         t = now_ns()
@@ -153,13 +158,84 @@ class MetaStore:
         self._copying = False
 
     def _drop_object(self, txn, obj, referenced: bool = True) -> None:
-        """Queue an object for deletion: `obj` is an id or (id, bytes). One that no
-        checkpoint can reference (never referenced, or fresh) may go at once (epoch 0
-        is older than every checkpoint); others wait for the checkpoints of this epoch."""
-        obj_id, size = obj if isinstance(obj, tuple) else (obj, 0)
+        """Drop a reference to an object: `obj` is an extent's (id, offset, length), or
+        an id or (id, bytes) of an object no extent references. A pack loses that one
+        reference (dropping it twice changes nothing) and goes to gc with its last;
+        any other object goes to gc at once. One that no checkpoint can reference (never
+        referenced, or fresh) may be deleted at once (epoch 0 is older than every
+        checkpoint); others wait for the checkpoints of this epoch."""
+        if isinstance(obj, tuple) and len(obj) == 3:
+            obj_id, offset, size = obj
+            raw = txn.get(s.pack_key(obj_id))
+            if raw is not None:
+                if not txn.delete(s.ref_key(obj_id, offset)):
+                    return  # dropped before
+                pack = Pack.decode(raw)
+                pack.live = max(0, pack.live - size)
+                cur = txn.cursor()
+                prefix = s.ref_prefix(obj_id)
+                if cur.set_range(prefix) and cur.key().startswith(prefix):
+                    txn.put(s.pack_key(obj_id), pack.encode())
+                    return
+                txn.delete(s.pack_key(obj_id))
+                size = pack.total
+        else:
+            obj_id, size = obj if isinstance(obj, tuple) else (obj, 0)
+            if referenced and txn.get(s.pack_key(obj_id)) is not None:
+                raise ValueError(f"object {obj_id} is a pack: drop its references one by one")
         now = not referenced or obj_id in self._fresh
         self._fresh.discard(obj_id)
         txn.put(s.gc_key(obj_id), s.u64(0 if now else self.epoch) + s.u64(size))
+
+    @_grows_when_full
+    def set_pack_refs(self, obj_id: int, refs: list[Ref]) -> None:
+        """Make a pack's recorded references exactly `refs` (fsck's repair). With
+        none, the pack (if it is one) goes to gc."""
+        prefix = s.ref_prefix(obj_id)
+        with self._write() as txn:
+            cur = txn.cursor()
+            old = []
+            if cur.set_range(prefix):
+                for key in cur.iternext(keys=True, values=False):
+                    if not key.startswith(prefix):
+                        break
+                    old.append(key)
+            for key in old:
+                txn.delete(key)
+            raw = txn.get(s.pack_key(obj_id))
+            if raw is None:
+                return
+            pack = Pack.decode(raw)
+            if not refs:
+                txn.delete(s.pack_key(obj_id))
+                self._drop_object(txn, (obj_id, pack.total))
+                return
+            for ref in refs:
+                txn.put(s.ref_key(obj_id, ref.offset), ref.encode())
+            pack.live = sum(r.length for r in refs)
+            txn.put(s.pack_key(obj_id), pack.encode())
+
+    def pack(self, obj_id: int) -> Pack | None:
+        with self._read() as txn:
+            raw = txn.get(s.pack_key(obj_id))
+        return Pack.decode(raw) if raw is not None else None
+
+    def pack_refs(self, obj_id: int, start: int = 0, end: int = 1 << 64) -> list[Ref]:
+        """The live references into a pack at offsets start <= offset < end, in
+        offset order."""
+        prefix = s.ref_prefix(obj_id)
+        with self._read() as txn:
+            cur = txn.cursor()
+            out = []
+            if cur.set_range(s.ref_key(obj_id, start)):
+                for key, val in cur:
+                    if not key.startswith(prefix):
+                        break
+                    ref = Ref.decode(key, val)
+                    if ref.offset >= end:
+                        break
+                    out.append(ref)
+        return out
 
     # ---- inodes ---------------------------------------------------------------
     def get_inode(self, ino: int) -> Inode:
@@ -475,7 +551,7 @@ class MetaStore:
                     if prefix[0:1] == b"E":
                         ext = Extent.decode(val)
                         if ext.obj_id:
-                            self._drop_object(txn, (ext.obj_id, ext.obj_len))
+                            self._drop_object(txn, ext.ref)
             for key in keys:
                 txn.delete(key)
 
@@ -584,13 +660,20 @@ class MetaStore:
 
     @_grows_when_full
     def update(self, inode: Inode | None, extents: dict[tuple[int, int], Extent | None] = {},
-               gc_objects: Iterable[int | tuple[int, int]] = (), uploaded: Iterable[int] = (),
-               unreferenced: Iterable[int] = ()) -> None:
-        """In one transaction: write an inode and extent records (None deletes), queue
-        objects whose reference was dropped for gc (ids, or (id, bytes)), close the
-        upload intents of objects now referenced (`uploaded`), and of objects nothing
-        ever referenced (`unreferenced`: a failed or superseded upload, deleted at once)."""
+               gc_objects: Iterable[tuple[int, int, int]] = (), uploaded: Iterable[int] = (),
+               unreferenced: Iterable[int] = (),
+               packs: dict[int, tuple[int, list[Ref]]] | None = None) -> None:
+        """In one transaction: write an inode and extent records (None deletes), drop
+        the references extents no longer hold (their (id, offset, length): objects
+        and packs without references go to gc), record new packs (id -> (size, the
+        references its extents hold)), close the upload intents of objects now
+        referenced (`uploaded`), and of objects nothing ever referenced
+        (`unreferenced`: a failed or superseded upload, deleted at once)."""
         with self._write() as txn:
+            for obj_id, (total, refs) in (packs or {}).items():
+                txn.put(s.pack_key(obj_id), Pack(total, sum(r.length for r in refs)).encode())
+                for ref in refs:
+                    txn.put(s.ref_key(obj_id, ref.offset), ref.encode())
             if inode is not None:
                 txn.put(s.inode_key(inode.ino), inode.encode())
             for (ino, idx), ext in extents.items():

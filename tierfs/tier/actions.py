@@ -86,7 +86,7 @@ async def scrub(engine, ino: int) -> dict:
             else:
                 out["hot_repaired"] += 1
         try:
-            await engine.get_verified(ext)
+            await engine.get_verified(ext, ino, idx)
             out["cold_ok"] += 1
             if ext.hot and not hot_good:
                 await engine.fetch(ino, idx, for_write=True)

@@ -328,7 +328,7 @@ class Engine:
                 return pending.data  # a reader needs the bytes, not a re-read of the file
         pending = self._fetching[key] = _Fetch()
         try:
-            data = pending.data = await self.get_verified(ext)
+            data = pending.data = await self.get_verified(ext, ino, idx)
             admitted = 0
             if self.space is not None:
                 if for_write:
@@ -367,9 +367,12 @@ class Engine:
         self.index.add(key, size, dirty=False, pinned=fetched.pinned)
         self.verified.add(key)
 
-    async def get_verified(self, ext: Extent) -> bytes:
-        """Read an extent's object range and verify its xxh3 (in a worker thread)."""
+    async def get_verified(self, ext: Extent, ino: int = 0, idx: int = 0) -> bytes:
+        """Read an extent's object range and verify its xxh3 (in a worker thread).
+        Errors are logged with the object and the inode and extent that need it (a
+        pack holds many files: only this one gets the EIO)."""
         name = object_name(ext.obj_id)
+        of = f"inode {ino} extent {idx}"
 
         def get_and_check() -> bytes:
             data = self.cold.get(name, ext.obj_off, ext.obj_len)
@@ -387,21 +390,21 @@ class Engine:
                                                      abandon_on_cancel=True)
         except trio.TooSlowError:
             self.stats.inc("cold_errors")
-            log.error("cold read of %s: the bucket did not answer within %.0fs "
-                      "(--cold-timeout): returning EIO", name, self.cold_timeout)
+            log.error("cold read of %s for %s: the bucket did not answer within %.0fs "
+                      "(--cold-timeout): returning EIO", name, of, self.cold_timeout)
             raise FsError(errno.EIO, "bucket timeout") from None
         except ChecksumMismatch:
             self.stats.inc("checksum_errors")
-            log.error("checksum mismatch on object %s (%d bytes at %d): returning EIO",
-                      name, ext.obj_len, ext.obj_off)
+            log.error("checksum mismatch on object %s (%d bytes at %d) for %s: returning EIO",
+                      name, ext.obj_len, ext.obj_off, of)
             raise FsError(errno.EIO, "checksum mismatch") from None
         except ObjectNotFound:
             self.stats.inc("cold_errors")
-            log.error("object %s is missing from the bucket: returning EIO", name)
+            log.error("object %s is missing from the bucket (%s): returning EIO", name, of)
             raise FsError(errno.EIO, "object missing") from None
         except ColdStoreError as e:
             self.stats.inc("cold_errors")
-            log.error("cold read of %s failed: %s", name, e)
+            log.error("cold read of %s for %s failed: %s", name, of, e)
             raise FsError(errno.EIO, str(e)) from None
         self.stats.inc("cold_read_bytes", len(data))
         self.stats.inc("cold_reads")
@@ -531,7 +534,7 @@ class Engine:
                 start = idx * E
                 if start >= new_size:
                     if ext.obj_id:
-                        gc.append((ext.obj_id, ext.obj_len))
+                        gc.append(ext.ref)
                     if (ino, idx) in self.index.held:
                         # A direct writer's descriptor points at this file: empty it,
                         # so its later writes land in the file, as on a local disk.

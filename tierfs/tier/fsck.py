@@ -15,7 +15,7 @@ from ..checksum import hot_copy_matches, object_matches
 from ..errors import ObjectNotFound
 from ..meta import scan
 from ..meta import schema as s
-from ..meta.schema import DIRTY, HOT, ROOT_INO, object_name
+from ..meta.schema import DIRTY, HOT, ROOT_INO, Ref, object_name
 
 
 @dataclass
@@ -44,6 +44,7 @@ class Fsck:
         self.inodes = {n.ino: n for n in scan.inodes(self.meta)}
         self.check_namespace()
         self.check_extents()
+        self.check_packs()
         return self.findings
 
     # ---- namespace ---------------------------------------------------------------
@@ -158,7 +159,7 @@ class Fsck:
                 self.found(f"extent {idx} of inode {ino} belongs to {what}", "removed it")
                 fixes[key] = None
                 if ext.obj_id:
-                    gc.append(ext.obj_id)
+                    gc.append(ext.ref)
                 if has_file and self.repair:
                     self.hot.remove(ino, idx)
                 continue
@@ -186,6 +187,7 @@ class Fsck:
                                f"the bucket and there is no hot copy: data lost",
                                "removed the extent (reads as zeros)")
                     fixes[key] = None
+                    gc.append(ext.ref)
                 continue
             if not ext.hot and not ext.obj_id:
                 self.found(f"inode {ino} extent {idx}: no copy anywhere", "removed it")
@@ -199,16 +201,49 @@ class Fsck:
                 self.found(f"stray hot file for inode {ino} extent {idx}", "removed it")
                 if self.repair:
                     self.hot.remove(ino, idx)
+        packs = {obj_id for obj_id, _pack in scan.packs(meta)}  # check_packs() sees to them
         for key in sorted(objects):
             try:
                 obj_id = int(key[len("data/"):], 16)
             except ValueError:
                 continue
-            if obj_id not in referenced and obj_id not in pending:
+            if obj_id not in referenced and obj_id not in pending and obj_id not in packs:
                 self.found(f"object {key} is not referenced by any file", "queued it for gc")
                 gc.append(obj_id)
         if self.repair and (fixes or gc):
             meta.update(None, fixes, gc)
+            meta.sync()
+
+    def check_packs(self) -> None:
+        """Every extent in a pack has its reference recorded and every recorded
+        reference has its extent: a missing one would let gc delete a pack still in
+        use, a stale one would keep a dead pack forever."""
+        meta = self.meta
+        packs = {obj_id: pack for obj_id, pack in scan.packs(meta)}
+        users: dict[int, dict[int, Ref]] = {obj_id: {} for obj_id in packs}
+        for ino, idx, ext in scan.extents(meta):
+            if ext.obj_id in users:
+                users[ext.obj_id][ext.obj_off] = Ref(ext.obj_off, ext.obj_len, ino, idx)
+        recorded: dict[int, dict[int, Ref]] = {}
+        for obj_id, ref in scan.refs(meta):
+            recorded.setdefault(obj_id, {})[ref.offset] = ref
+        for obj_id in sorted(packs.keys() | recorded.keys()):
+            want, have = users.get(obj_id, {}), recorded.get(obj_id, {})
+            if obj_id not in packs:
+                self.found(f"references into object {obj_id}, which is not a pack",
+                           "removed them")
+            elif want == have:
+                continue
+            elif not want:
+                self.found(f"pack {obj_id} is referenced by no file", "queued it for gc")
+            else:
+                missing = sum(1 for off, ref in want.items() if have.get(off) != ref)
+                stale = sum(1 for off, ref in have.items() if want.get(off) != ref)
+                self.found(f"pack {obj_id}: {missing} file reference(s) not recorded, "
+                           f"{stale} recorded for no file", "recorded the right ones")
+            if self.repair:
+                meta.set_pack_refs(obj_id, list(want.values()) if obj_id in packs else [])
+        if self.repair:
             meta.sync()
 
     def verify(self, ino: int, idx: int, ext, fixes) -> None:

@@ -8,6 +8,12 @@ An upload reads the extent in a worker thread, checksums it, puts it under a
 fresh object id and then, back on the trio thread, marks the extent clean only
 if nobody wrote to it meanwhile (write generation unchanged). Superseded and
 unneeded objects go to the gc table in the same transaction.
+
+Extents of small files (up to --pack-below) that are due together are packed into
+one object of up to --pack-size, in inode (creation) order, so a directory written
+together lands together: one PUT for many files. Each extent records its offset in
+the pack and its own checksum; the pack's live references are kept in the metadata
+store, which hands the pack to gc with its last one.
 """
 from __future__ import annotations
 
@@ -20,20 +26,25 @@ import trio
 
 from ..checksum import xxh3
 from ..errors import ColdStoreError, FsError
-from ..meta.schema import DIRTY, object_name
+from ..meta.schema import DIRTY, Ref, object_name
 from .cache import Key
 
 log = logging.getLogger(__name__)
 
 MAX_WAIT_FACTOR = 4
+PACKS_IN_FLIGHT = 2
 
 
 class Uploader:
-    def __init__(self, engine, space, *, delay: float, parallel: int):
+    def __init__(self, engine, space, *, delay: float, parallel: int, pack_below: int = 0,
+                 pack_size: int = 64 << 20):
         self.engine = engine
         self.space = space
         self.delay = delay
         self.limit = trio.CapacityLimiter(parallel)
+        self.pack_below, self.pack_size = pack_below, pack_size
+        # A pack is held in memory while it is read and put: two at a time bound that.
+        self.pack_limit = trio.CapacityLimiter(PACKS_IN_FLIGHT)
         self.in_flight: set[Key] = set()
         self.urgent: set[int] | None = None   # inodes to upload now (sync), None = none
         self._wake = trio.Event()
@@ -73,32 +84,83 @@ class Uploader:
             while True:
                 now = time.monotonic()
                 if now >= self.backoff_until:
-                    for key in self._due(now):
+                    single, packs = self._packs(self._due(now))
+                    for key in single:
                         self.in_flight.add(key)
                         nursery.start_soon(self._upload_one, key)
+                    for batch in packs:
+                        self.in_flight.update(batch)
+                        nursery.start_soon(self._upload_pack, batch)
                     self.space.need_upload = trio.Event()
                 with trio.move_on_after(min(0.5, max(self.delay / 2, 0.05))):
                     await self._wake.wait()
                 self._wake = trio.Event()
+
+    def _packs(self, due: list[Key]) -> tuple[list[Key], list[list[Key]]]:
+        """Split due extents into those uploaded alone and batches to pack: extents of
+        files up to pack_below bytes, in inode order, up to pack_size bytes a batch."""
+        if not self.pack_below:
+            return due, []
+        E = self.engine.E
+        sizes: dict[int, int] = {}
+        single, small = [], []
+        for key in due:
+            ino = key[0]
+            if ino not in sizes:
+                try:
+                    sizes[ino] = self.engine.meta.get_inode(ino).size
+                except FsError:
+                    sizes[ino] = -1  # purged: upload() sorts it out
+            (small if 0 < sizes[ino] <= self.pack_below else single).append(key)
+        batches: list[list[Key]] = []
+        batch, nbytes = [], 0
+        for key in sorted(small):
+            length = max(0, min(E, sizes[key[0]] - key[1] * E))
+            if batch and nbytes + length > self.pack_size:
+                batches.append(batch)
+                batch, nbytes = [], 0
+            batch.append(key)
+            nbytes += length
+        if batch:
+            batches.append(batch)
+        single += [b[0] for b in batches if len(b) == 1]
+        return single, [b for b in batches if len(b) > 1]
 
     async def _upload_one(self, key: Key) -> None:
         try:
             async with self.limit:
                 await self.upload(key)
         except ColdStoreError as e:
-            self.failures += 1
-            self.engine.stats.inc("upload_errors")
-            # Back off so a bucket outage does not become a hot loop.
-            self.backoff_until = time.monotonic() + min(30.0, 0.5 * 2 ** min(self.failures, 6))
-            if self.last_error is None:  # once per outage, not once per extent
-                log.warning("upload of inode %d extent %d failed (%s); will retry", *key, e)
-            self.last_error = str(e)
+            self._failed(e, f"inode {key[0]} extent {key[1]}")
         except Exception:
             log.exception("upload of inode %d extent %d failed", *key)
         finally:
-            self.in_flight.discard(key)
-            self.changed.set()
-            self.changed = trio.Event()
+            self._finished([key])
+
+    async def _upload_pack(self, batch: list[Key]) -> None:
+        try:
+            async with self.limit, self.pack_limit:
+                await self.upload_pack(batch)
+        except ColdStoreError as e:
+            self._failed(e, f"a pack of {len(batch)} extents")
+        except Exception:
+            log.exception("upload of a pack of %d extents failed", len(batch))
+        finally:
+            self._finished(batch)
+
+    def _failed(self, e: ColdStoreError, what: str) -> None:
+        self.failures += 1
+        self.engine.stats.inc("upload_errors")
+        # Back off so a bucket outage does not become a hot loop.
+        self.backoff_until = time.monotonic() + min(30.0, 0.5 * 2 ** min(self.failures, 6))
+        if self.last_error is None:  # once per outage, not once per extent
+            log.warning("upload of %s failed (%s); will retry", what, e)
+        self.last_error = str(e)
+
+    def _finished(self, keys: list[Key]) -> None:
+        self.in_flight.difference_update(keys)
+        self.changed.set()
+        self.changed = trio.Event()
 
     async def upload(self, key: Key) -> None:
         engine = self.engine
@@ -170,9 +232,112 @@ class Uploader:
         new = replace(cur, flags=cur.flags & ~DIRTY, length=size, checksum=checksum,
                       obj_id=obj_id, obj_off=0, obj_len=size)
         engine.meta.update(None, {key: new},
-                           [(cur.obj_id, cur.obj_len)] if cur.obj_id else [], [obj_id])
+                           [cur.ref] if cur.obj_id else [], [obj_id])
         engine.index.cleaned(key, gen)
         engine.verified.add(key)  # the checksum was computed from this very hot copy
+        self.space.uploaded()
+
+    def _dirty_copy(self, key: Key):
+        """(write generation, descriptor, length) of a dirty extent to upload now, or
+        None (clean, held by a direct writer, removed: bookkeeping done here)."""
+        engine = self.engine
+        ino, idx = key
+        info = engine.index.dirty.get(key)
+        if info is None or key in engine.index.held:
+            return None
+        try:
+            node, exts = engine.meta.get_extents(ino, idx, idx)
+        except FsError:  # the inode was purged
+            engine.index.remove(key)
+            return None
+        ext = exts.get(idx)
+        length = min(engine.E, node.size - idx * engine.E)
+        if ext is None or not ext.dirty or length <= 0:
+            engine.index.cleaned(key, info.gen)
+            return None
+        fd = engine.hot.dup_fd(ino, idx)
+        return None if fd is None else (info.gen, fd, length)
+
+    async def upload_pack(self, batch: list[Key]) -> None:
+        """Upload the dirty extents of `batch` as one object; commit, in one
+        transaction, those nobody wrote to meanwhile."""
+        engine = self.engine
+        pieces = []  # (key, generation, fd, length)
+        for key in batch:
+            got = self._dirty_copy(key)
+            if got is not None:
+                pieces.append((key, *got))
+        if not pieces:
+            return
+        obj_id = engine.meta.next_object_id()
+        name = object_name(obj_id)
+
+        def read_and_put() -> list[tuple[int, int, int]]:
+            blob = bytearray(sum(length for _k, _g, _fd, length in pieces))
+            view = memoryview(blob)
+            layout, at = [], 0
+            try:
+                for _key, _gen, fd, length in pieces:
+                    got = os.preadv(fd, [view[at:at + length]], 0)
+                    while 0 < got < length:  # short reads; the rest of a hole stays zeros
+                        n = os.preadv(fd, [view[at + got:at + length]], got)
+                        if n == 0:
+                            break
+                        got += n
+                    layout.append((at, length, xxh3(view[at:at + length])))
+                    at += length
+            finally:
+                for _key, _gen, fd, _length in pieces:
+                    os.close(fd)
+            engine.cold.put(name, blob)
+            return layout
+
+        t0 = time.monotonic()
+        try:
+            layout = await trio.to_thread.run_sync(
+                read_and_put, limiter=engine.s3_limiter, abandon_on_cancel=True)
+        except trio.Cancelled:
+            raise
+        except BaseException:
+            engine.meta.update(None, {}, unreferenced=[obj_id])
+            raise
+        total = sum(length for _off, length, _c in layout)
+        engine.stats.inc("uploads")
+        engine.stats.inc("pack_uploads")
+        engine.stats.inc("upload_bytes", total)
+        engine.stats.observe("upload_seconds", "", time.monotonic() - t0)
+        if self.failures:
+            log.info("uploads work again")
+        self.failures = 0
+        self.last_error = None
+        # Back on the trio thread: which extents still hold what was uploaded?
+        changed, drops, refs, done = {}, [], [], []
+        for (key, gen, _fd, _length), (off, length, checksum) in zip(pieces, layout):
+            ino, idx = key
+            try:
+                _node, exts = engine.meta.get_extents(ino, idx, idx)
+            except FsError:
+                continue
+            cur = exts.get(idx)
+            info = engine.index.dirty.get(key)
+            if cur is None or not cur.dirty or info is None or info.gen != gen:
+                continue  # written, truncated or removed meanwhile: dead bytes in the pack
+            changed[key] = replace(cur, flags=cur.flags & ~DIRTY, length=length,
+                                   checksum=checksum, obj_id=obj_id, obj_off=off, obj_len=length)
+            if cur.obj_id:
+                drops.append(cur.ref)
+            refs.append(Ref(off, length, ino, idx))
+            done.append((key, gen))
+        if not changed:
+            engine.meta.update(None, {}, unreferenced=[obj_id])
+            engine.stats.inc("uploads_superseded")
+            engine.stats.inc("packs_superseded")
+            return
+        engine.meta.update(None, changed, drops, [obj_id], packs={obj_id: (total, refs)})
+        engine.stats.inc("packed_extents", len(done))
+        for key, gen in done:
+            engine.index.cleaned(key, gen)
+            engine.verified.add(key)  # checksummed from this very hot copy
         self.space.uploaded()
 
     async def flush(self, inos: set[int] | None) -> None:

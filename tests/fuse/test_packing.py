@@ -1,0 +1,174 @@
+"""Small files packed into shared objects, through a real mount on a file:// bucket:
+fewer PUTs, cold reads of their ranges, gc of a pack with its last file, a damaged
+or missing pack failing only its own files, and a daemon killed mid-upload."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+
+import pytest
+
+from tests.fuse.test_outage import set_faults
+from tests.fuse.test_tiering import pattern
+from tests.harness import drop_page_cache, read_file, wait_until, write_file
+from tierfs.meta import MetaStore, scan
+from tierfs.meta import schema as s
+
+KiB = 1 << 10
+ARGS = ("--extent-size", "64K", "--pack-size", "1M", "--checkpoint-keep", "1")
+
+
+def counters(m) -> dict:
+    return json.loads(m.cli("status", m.mountpoint, "--json", check=True).stdout)["counters"]
+
+
+def data_objects(m) -> list[str]:
+    """The data objects in the mount's file:// bucket."""
+    root = os.path.join(m.cold_url[len("file://"):], "data")
+    return sorted(os.listdir(root)) if os.path.isdir(root) else []
+
+
+def make_files(m, d: str, n: int, size: int, seed: int) -> dict[str, bytes]:
+    os.makedirs(m.path(d), exist_ok=True)
+    files = {m.path(d, f"f{i:03d}"): pattern(size, seed + i) for i in range(n)}
+    for path, data in files.items():
+        write_file(path, data)
+    return files
+
+
+def make_cold(m, top: str) -> None:
+    """Evict the hot copies and the kernel's pages: the next reads come from the bucket."""
+    m.cli("release", "-r", m.path(top), check=True)
+    drop_page_cache(m.path(top))
+
+
+def test_small_files_are_packed_and_read_back_cold(mount_factory):
+    m = mount_factory(args=ARGS)
+    files = make_files(m, "ds", 60, 20 * KiB, 1)  # 1.2 MiB: two packs of up to 1 MiB
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    after = counters(m)
+    assert after["packed_extents"] == 60, after
+    objects = data_objects(m)
+    assert 2 <= len(objects) <= 6, objects  # not one per file
+    make_cold(m, "ds")
+    before = counters(m)
+    for path, data in files.items():
+        assert read_file(path) == data
+    after = counters(m)
+    assert after["cold_reads"] - before.get("cold_reads", 0) == 60  # ranges of the packs
+    assert after.get("checksum_errors", 0) == 0
+
+
+def test_large_files_are_not_packed(mount_factory):
+    m = mount_factory(args=(*ARGS, "--pack-below", "100K"))
+    make_files(m, "big", 3, 200 * KiB, 10)  # 4 extents each, above --pack-below
+    make_files(m, "small", 3, 10 * KiB, 20)
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    c = counters(m)
+    assert c["packed_extents"] == 3 and c["uploads"] >= 12 + 1, c
+    assert len(data_objects(m)) == 12 + 1  # an object per large extent, one pack
+
+
+def test_a_pack_is_deleted_with_its_last_file(mount_factory):
+    m = mount_factory(args=ARGS)
+    files = make_files(m, "d", 10, 30 * KiB, 30)
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    (pack,) = data_objects(m)
+    paths = sorted(files)
+    for path in paths[:-1]:
+        os.unlink(path)
+    m.cli("sync", m.mountpoint, "--wait", check=True)  # a checkpoint without them
+    passes = counters(m).get("gc_passes", 0)
+    wait_until(lambda: counters(m).get("gc_passes", 0) >= passes + 2, 30, "two gc passes")
+    assert data_objects(m) == [pack]  # the last file still reads from it
+    st = json.loads(m.cli("status", m.mountpoint, "--json", check=True).stdout)
+    assert (st["packs"], st["pack_live_bytes"], st["pack_bytes"]) == (1, 30 * KiB, 300 * KiB)
+    assert "1 object of small files, 30.0 KiB of 300.0 KiB still in use" in \
+        m.cli("status", m.mountpoint, check=True).stdout
+    make_cold(m, "d")
+    assert read_file(paths[-1]) == files[paths[-1]]
+    os.unlink(paths[-1])
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    wait_until(lambda: data_objects(m) == [], 30, "gc to delete the pack")
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "missing"])
+def test_a_damaged_pack_fails_only_its_own_files(mount_factory, damage):
+    m = mount_factory(args=ARGS)
+    a = make_files(m, "a", 8, 12 * KiB, 40)
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    (pack_a,) = data_objects(m)
+    b = make_files(m, "b", 8, 12 * KiB, 50)
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    assert len(data_objects(m)) == 2
+    path = os.path.join(m.cold_url[len("file://"):], "data", pack_a)
+    if damage == "corrupt":
+        with open(path, "r+b") as f:  # every file's range in it gets a flipped byte
+            for at in range(0, os.path.getsize(path), 4 * KiB):
+                f.seek(at)
+                byte = f.read(1)
+                f.seek(at)
+                f.write(bytes([byte[0] ^ 0xFF]))
+    else:
+        os.unlink(path)
+    m.allowed_log.append("checksum mismatch on object" if damage == "corrupt"
+                         else "is missing from the bucket")
+    make_cold(m, "a")
+    make_cold(m, "b")
+    for p in a:
+        with pytest.raises(OSError) as e:
+            read_file(p)
+        assert e.value.errno == errno.EIO
+    for p, data in b.items():
+        assert read_file(p) == data
+    ino = os.stat(sorted(a)[0]).st_ino
+    assert f"inode {ino} extent 0" in m.log()  # the log says which file lost data
+
+
+def test_a_daemon_killed_while_a_pack_uploads_loses_nothing(mount_factory, tmp_path):
+    faults = str(tmp_path / "faults.json")
+    set_faults(faults, {})
+    m = mount_factory(args=(*ARGS, "--fault-file", faults))
+    set_faults(faults, {"hang": True})  # every bucket call blocks: the PUT never ends
+    files = make_files(m, "d", 20, 10 * KiB, 60)
+    wait_until(lambda: json.loads(m.cli("status", m.mountpoint, "--json", check=True).stdout)
+               ["uploads_running"], 30, "a pack upload to be under way")
+    m.kill9()
+    m.cli("umount", m.mountpoint)  # the kernel's side of the dead mount
+    set_faults(faults, {})
+    m.start()
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    assert counters(m)["packed_extents"] == 20  # uploaded again, from the hot tier
+    make_cold(m, "d")
+    for path, data in files.items():
+        assert read_file(path) == data
+
+
+def test_fsck_finds_and_repairs_pack_references(mount_factory):
+    """A reference lost from the records would let gc delete a pack still in use:
+    fsck finds it and records it again."""
+    m = mount_factory(args=ARGS)
+    files = make_files(m, "d", 6, 8 * KiB, 70)
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    m.umount()
+
+    def fsck(*args):
+        return m.cli("fsck", m.cold_url, "--cache-dir", m.cache_dir, *args)
+
+    assert fsck().returncode == 0
+    meta = MetaStore(os.path.join(m.cache_dir, "meta"))
+    try:
+        (pack_id, _pack), = scan.packs(meta)
+        meta.delete_raw([s.ref_key(pack_id, meta.pack_refs(pack_id)[2].offset)])
+    finally:
+        meta.close()
+    res = fsck()
+    assert res.returncode == 4 and "1 file reference(s) not recorded" in res.stdout, res.stdout
+    res = fsck("--repair")
+    assert res.returncode == 1, res.stdout
+    assert fsck("--verify-data").returncode == 0
+    m.start()
+    make_cold(m, "d")
+    for path, data in files.items():
+        assert read_file(path) == data
