@@ -34,6 +34,12 @@ log = logging.getLogger(__name__)
 INLINE_VERIFY_MAX = 1 << 20
 
 
+# A miss of a packed extent also fetches the cold neighbours packed within this many
+# bytes of it (half before, half after) in the same GET, while the hot tier has room.
+READ_AROUND = 4 << 20
+READ_AROUND_EXTENTS = 256  # and at most this many: each costs a record read on this thread
+
+
 class _Fetch:
     """One extent on its way from the bucket; readers that wait for it share its bytes."""
     __slots__ = ("done", "data")
@@ -66,6 +72,7 @@ class Engine:
         self.s3_limiter = trio.CapacityLimiter(s3_threads)
         self.io_limiter = trio.CapacityLimiter(io_threads)
         self._writeback_limiter = trio.CapacityLimiter(2)
+        self.read_around = READ_AROUND  # bytes of a pack fetched around a miss (0: none)
         self._fetching: dict[Key, _Fetch] = {}
         self.gc_guard = lambda epoch: True  # may an object dropped in `epoch` go?
         self.busy: set[Key] = set()  # extents being changed: never evicted meanwhile
@@ -327,30 +334,113 @@ class Engine:
             if pending.data is not None and not for_write:
                 return pending.data  # a reader needs the bytes, not a re-read of the file
         pending = self._fetching[key] = _Fetch()
+        around = [] if for_write else self._neighbours(key, ext)
         try:
-            data = pending.data = await self.get_verified(ext, ino, idx)
-            admitted = 0
-            if self.space is not None:
-                if for_write:
-                    await self.space.reserve(len(data))
-                    self.space.reserved += len(data)
-                    admitted = len(data)
-                elif not self.space.admit_fetch(len(data)):
-                    self.stats.inc("fetch_not_cached")
-                    return data  # policy keeps the hot tier as it is: serve uncached
-                else:
-                    admitted = len(data)
+            data, more = await self._get_around(ext, ino, idx, around)
+            pending.data = data
             try:
-                tmp = await trio.to_thread.run_sync(self.hot.write_temp, ino, idx, data,
-                                                    limiter=self.io_limiter)
+                await self._keep(ino, idx, ext, data, for_write)
             finally:
-                if admitted:
-                    self.space.release(admitted)
-            self._install(ino, idx, ext, tmp, len(data))
+                if more:  # after this extent: its reader is waiting for it
+                    await self._install_around(more)
             return data
         finally:
             del self._fetching[key]
             pending.done.set()
+            for nkey, _next, npending in around:  # neighbours that did not verify, too
+                if self._fetching.get(nkey) is npending:
+                    del self._fetching[nkey]
+                    npending.done.set()
+            if around and self.space is not None:
+                self.space.release(sum(nx.obj_len for _k, nx, _p in around))
+
+    async def _keep(self, ino: int, idx: int, ext: Extent, data: bytes, for_write: bool) -> None:
+        """Install a fetched extent on the hot tier, as room and the cache policy allow."""
+        admitted = 0
+        if self.space is not None:
+            if for_write:
+                await self.space.reserve(len(data))
+                self.space.reserved += len(data)
+                admitted = len(data)
+            elif not self.space.admit_fetch(len(data)):
+                self.stats.inc("fetch_not_cached")
+                return  # policy keeps the hot tier as it is: serve uncached
+            else:
+                admitted = len(data)
+        try:
+            tmp = await trio.to_thread.run_sync(self.hot.write_temp, ino, idx, data,
+                                                limiter=self.io_limiter)
+        finally:
+            if admitted:
+                self.space.release(admitted)
+        self._install(ino, idx, ext, tmp, len(data))
+
+    def _neighbours(self, key: Key, ext: Extent) -> list:
+        """Cold extents of other files packed next to `ext` (within READ_AROUND bytes)
+        to fetch with it in the same ranged GET, while the hot tier has room for them
+        without evicting anything: files written together are mostly read together,
+        and one GET then serves many. Each is registered as being fetched (readers of
+        it wait for this GET) and its room reserved."""
+        if (self.space is None or not self.read_around or ext.dirty
+                or self.meta.pack(ext.obj_id) is None):
+            return []
+        lo = max(0, ext.obj_off - self.read_around // 2)
+        refs = self.meta.pack_refs(ext.obj_id, lo, ext.obj_off + ext.obj_len + self.read_around // 2)
+        out, total = [], 0
+        refs.sort(key=lambda r: abs(r.offset - ext.obj_off))  # the nearest ones
+        for ref in refs[:READ_AROUND_EXTENTS]:
+            nkey = (ref.ino, ref.index)
+            if nkey == key or nkey in self._fetching or nkey in self.index.sizes:
+                continue
+            try:
+                nx = self.meta.get_extents(ref.ino, ref.index, ref.index)[1].get(ref.index)
+            except FsError:
+                continue
+            if nx is None or nx.hot or nx.dirty or nx.ref != (ext.obj_id, ref.offset, ref.length):
+                continue
+            out.append((nkey, nx, total))
+            total += ref.length
+        if not out or not self.space.admit_without_evicting(total):
+            return []
+        around = []
+        for nkey, nx, _at in out:
+            pending = self._fetching[nkey] = _Fetch()
+            around.append((nkey, nx, pending))
+        return around
+
+    async def _get_around(self, ext: Extent, ino: int, idx: int, around: list):
+        """The bytes of `ext` (verified), and [(key, record, pending, bytes)] of the
+        neighbours that verified, from one ranged GET over all of them."""
+        if not around:
+            return await self.get_verified(ext, ino, idx), []
+        lo = min([ext.obj_off] + [nx.obj_off for _k, nx, _p in around])
+        hi = max([ext.obj_off + ext.obj_len] + [nx.obj_off + nx.obj_len for _k, nx, _p in around])
+        span = replace(ext, obj_off=lo, obj_len=hi - lo)
+        blob = await self.get_verified(span, ino, idx, check=False)
+        data = blob[ext.obj_off - lo:ext.obj_off - lo + ext.obj_len]
+        if not object_matches(data, ext.obj_len, ext.checksum):
+            self.stats.inc("checksum_errors")
+            log.error("checksum mismatch on object %s (%d bytes at %d) for inode %d extent %d: "
+                      "returning EIO", object_name(ext.obj_id), ext.obj_len, ext.obj_off, ino, idx)
+            raise FsError(errno.EIO, "checksum mismatch")
+        more = []
+        for nkey, nx, pending in around:
+            piece = blob[nx.obj_off - lo:nx.obj_off - lo + nx.obj_len]
+            if object_matches(piece, nx.obj_len, nx.checksum):
+                pending.data = piece
+                more.append((nkey, nx, pending, piece))
+            # else: left cold; its own read fetches (and reports) it
+        return data, more
+
+    async def _install_around(self, more: list) -> None:
+        for (nino, nidx), nx, pending, piece in more:
+            tmp = await trio.to_thread.run_sync(self.hot.write_temp, nino, nidx, piece,
+                                                limiter=self.io_limiter)
+            self._install(nino, nidx, nx, tmp, len(piece))
+            self.stats.inc("read_around_extents")
+            if self._fetching.get((nino, nidx)) is pending:
+                del self._fetching[(nino, nidx)]
+                pending.done.set()
 
     def _install(self, ino: int, idx: int, fetched: Extent, tmp: str, size: int) -> None:
         """Put a fetched copy in place, on the trio thread with no await between the
@@ -367,16 +457,19 @@ class Engine:
         self.index.add(key, size, dirty=False, pinned=fetched.pinned)
         self.verified.add(key)
 
-    async def get_verified(self, ext: Extent, ino: int = 0, idx: int = 0) -> bytes:
-        """Read an extent's object range and verify its xxh3 (in a worker thread).
-        Errors are logged with the object and the inode and extent that need it (a
-        pack holds many files: only this one gets the EIO)."""
+    async def get_verified(self, ext: Extent, ino: int = 0, idx: int = 0,
+                           check: bool = True) -> bytes:
+        """Read an extent's object range and verify its xxh3 (in a worker thread;
+        check=False: a span whose pieces the caller verifies). Errors are logged with
+        the object and the inode and extent that need it (a pack holds many files:
+        only this one gets the EIO)."""
         name = object_name(ext.obj_id)
         of = f"inode {ino} extent {idx}"
 
         def get_and_check() -> bytes:
             data = self.cold.get(name, ext.obj_off, ext.obj_len)
-            if not object_matches(data, ext.obj_len, ext.checksum):
+            if len(data) != ext.obj_len or (
+                    check and not object_matches(data, ext.obj_len, ext.checksum)):
                 raise ChecksumMismatch(name)
             return data
 

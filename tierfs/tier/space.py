@@ -153,6 +153,14 @@ class Space:
             self.evict(over)
         return self._over(n) <= 0
 
+    def admit_without_evicting(self, n: int) -> bool:
+        """Reserve room for `n` bytes of speculative fetches (read-around) only if it is
+        free now: they never push out data already hot. release(n) afterwards."""
+        if self._over(n) > 0:
+            return False
+        self.reserved += n
+        return True
+
     def admit_fetch(self, n: int) -> bool:
         """May a fetched extent be kept hot? (no-replace: only while there is room).
         If so, `n` bytes stay reserved until release(n) once it is installed."""
