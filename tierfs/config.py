@@ -72,6 +72,8 @@ class MountConfig:
     upload_parallel: int = 8
     pack_below: int = 1 << 20
     pack_size: int = 64 << 20
+    compact_dead: float = 0.25
+    compact_rate: int = 32 << 20
     unmount_upload_timeout: float = 60.0
     checkpoint_interval: float = 300.0
     checkpoint_keep: int = 3
@@ -140,6 +142,10 @@ OPTIONS = (
            "shared objects (0: never)", low=0),
     Option("pack_size", "size", "largest shared object of packed small files", low=1 << 20,
            high=5 << 30),
+    Option("compact_dead", "float", "rewrite a pack once this share of it belongs to files "
+           "deleted or rewritten (the bucket then holds at most 1/(1-share) of the live "
+           "data in packs; 1: never)", low=0, high=1),
+    Option("compact_rate", "size", "bytes per second compaction may rewrite (0: off)", low=0),
     Option("unmount_upload_timeout", "float", "seconds unmount spends uploading dirty data",
            low=0),
     Option("checkpoint_interval", "float", "seconds between metadata checkpoints into the "

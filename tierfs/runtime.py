@@ -23,6 +23,7 @@ from .hot import HotStore
 from .mountpoint import check_fuse_available, check_mountpoint
 from .tier.checkpoint import Checkpointer, Fenced
 from .tier.engine import Engine
+from .tier.compact import Compactor
 from .tier.gc import GarbageCollector
 from .tier.hinted import HintQueue
 from .tier.space import Space, check_cache_size
@@ -125,7 +126,10 @@ class Daemon:
                                  parallel=cfg.upload_parallel, pack_below=cfg.pack_below,
                                  pack_size=cfg.pack_size)
         self.gc = GarbageCollector(self.engine)
-        self.uploader.paused = self.gc.paused = lambda: self.state.fenced
+        self.compactor = Compactor(self.engine, dead_share=cfg.compact_dead,
+                                   rate=cfg.compact_rate, pack_size=cfg.pack_size)
+        self.uploader.paused = self.gc.paused = self.compactor.paused = \
+            lambda: self.state.fenced
         self.checkpointer = Checkpointer(self.engine, cfg.cache_dir,
                                          interval=cfg.checkpoint_interval,
                                          keep=cfg.checkpoint_keep)
@@ -188,8 +192,8 @@ class Daemon:
     async def _background(self) -> None:
         async with trio.open_nursery() as nursery:
             self.engine.nursery = nursery
-            for task in (self.uploader.run, self.gc.run, self.checkpointer.run,
-                         self.lease.run, self.hints.run):
+            for task in (self.uploader.run, self.gc.run, self.compactor.run,
+                         self.checkpointer.run, self.lease.run, self.hints.run):
                 nursery.start_soon(self._supervised, task)
 
     async def _supervised(self, task) -> None:

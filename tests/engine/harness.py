@@ -25,6 +25,7 @@ from tierfs.hot import HotStore
 from tierfs.meta import MetaStore
 from tierfs.meta.schema import ROOT_INO, SUPERBLOCK_OBJECT, Superblock
 from tierfs.tier.checkpoint import Checkpointer
+from tierfs.tier.compact import Compactor
 from tierfs.tier.engine import Engine
 from tierfs.tier.gc import GarbageCollector
 from tierfs.tier.space import Space
@@ -236,7 +237,7 @@ async def engine_stack(tmp_path, *, extent_size: int, cache_size: int, upload_de
                        upload_parallel: int = 4, gc_interval: float = 0.05,
                        checkpoint_every: float = 0.25, checkpoint_keep: int = 2,
                        allowed_errors: tuple[str, ...] = (), pack_below: int = 0,
-                       pack_size: int = 64 << 20):
+                       pack_size: int = 64 << 20, compact_dead: float = 1.0):
     """The engine stack of Daemon.prepare + Daemon._background, FUSE-free.
 
     faults: FaultyStore attributes (fail_rate, latency_s, ...) set once the stack
@@ -244,7 +245,8 @@ async def engine_stack(tmp_path, *, extent_size: int, cache_size: int, upload_de
     transient faults reach the engine. A body that ends well fails if the engine
     logged an ERROR (a swallowed exception in the uploader, a lost hot file...)
     that contains none of `allowed_errors`. pack_below, pack_size: the uploader's
-    packing of small files (off unless asked for)."""
+    packing of small files (off unless asked for); compact_dead: compaction of packs
+    this dead (1: none), every 50 ms, unbounded rate."""
     tmp = str(tmp_path)
     memory = MemoryStore()
     faulty = FaultyStore(memory, seed=seed)
@@ -268,12 +270,15 @@ async def engine_stack(tmp_path, *, extent_size: int, cache_size: int, upload_de
         uploader = Uploader(engine, space, delay=upload_delay, parallel=upload_parallel,
                             pack_below=pack_below, pack_size=pack_size)
         gc = GarbageCollector(engine, interval=gc_interval)
+        compactor = Compactor(engine, dead_share=compact_dead, rate=1 << 40,
+                              pack_size=pack_size, interval=0.05)
         checkpointer = Checkpointer(engine, tmp, interval=0, keep=checkpoint_keep)
         checkpointer.load()
         async with trio.open_nursery() as nursery:
             engine.nursery = nursery  # readahead runs here
             nursery.start_soon(uploader.run)
             nursery.start_soon(gc.run)
+            nursery.start_soon(compactor.run)
             if checkpoint_every:
                 nursery.start_soon(_checkpoints, checkpointer, checkpoint_every)
             for name, value in (faults or {}).items():

@@ -94,7 +94,7 @@ def test_large_files_are_not_packed(mount_factory):
 
 
 def test_a_pack_is_deleted_with_its_last_file(mount_factory):
-    m = mount_factory(args=ARGS)
+    m = mount_factory(args=(*ARGS, "--compact-dead", "1"))  # no compaction: gc alone
     files = make_files(m, "d", 10, 30 * KiB, 30)
     m.cli("sync", m.mountpoint, "--wait", check=True)
     (pack,) = data_objects(m)
@@ -195,3 +195,50 @@ def test_fsck_finds_and_repairs_pack_references(mount_factory):
     make_cold(m, "d")
     for path, data in files.items():
         assert read_file(path) == data
+
+
+def test_a_mostly_dead_pack_is_compacted(mount_factory):
+    m = mount_factory(args=ARGS)
+    files = make_files(m, "d", 20, 30 * KiB, 90)
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    (old,) = data_objects(m)
+    paths = sorted(files)
+    for path in paths[5:]:  # 75% of the pack is dead now, past --compact-dead 0.25
+        os.unlink(path)
+    wait_until(lambda: counters(m).get("compactions", 0) >= 1, 60, "a compaction")
+    m.cli("sync", m.mountpoint, "--wait", check=True)  # a checkpoint without the old pack
+    wait_until(lambda: old not in data_objects(m), 30, "gc to delete the old pack")
+    (new,) = data_objects(m)
+    assert os.path.getsize(os.path.join(m.cold_url[len("file://"):], "data", new)) == 150 * KiB
+    st = json.loads(m.cli("status", m.mountpoint, "--json", check=True).stdout)
+    assert (st["packs"], st["pack_live_bytes"], st["pack_bytes"]) == (1, 150 * KiB, 150 * KiB)
+    make_cold(m, "d")
+    for path in paths[:5]:
+        assert read_file(path) == files[path]
+    m.umount()
+    res = m.cli("fsck", m.cold_url, "--cache-dir", m.cache_dir, "--verify-data")
+    assert res.returncode == 0, res.stdout
+
+
+def test_a_daemon_killed_while_compacting_loses_nothing(mount_factory, tmp_path):
+    faults = str(tmp_path / "faults.json")
+    set_faults(faults, {})
+    m = mount_factory(args=(*ARGS, "--fault-file", faults))
+    files = make_files(m, "d", 20, 30 * KiB, 100)
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    paths = sorted(files)
+    for path in paths[5:]:
+        os.unlink(path)
+    set_faults(faults, {"hang": True, "hang_ops": ["put"]})  # the new pack's PUT never ends
+    wait_until(lambda: counters(m).get("compaction_runs", 0) >= 1, 60, "a compaction to start")
+    m.kill9()
+    m.cli("umount", m.mountpoint)
+    set_faults(faults, {})
+    m.start()
+    make_cold(m, "d")
+    for path in paths[:5]:
+        assert read_file(path) == files[path]
+    wait_until(lambda: counters(m).get("compactions", 0) >= 1, 60, "the compaction again")
+    m.umount()
+    res = m.cli("fsck", m.cold_url, "--cache-dir", m.cache_dir, "--verify-data")
+    assert res.returncode == 0, res.stdout

@@ -17,6 +17,7 @@ class FaultyStore:
         self.outage = False  # every call fails while True (a bucket refusing connections)
         self.hang = False  # every call blocks while True (accepts, never answers), at most
         self.hang_limit_s = 600.0  # this long: a thread must end some day
+        self.hang_ops: set[str] = set()  # hang only these calls ("put", ...); empty: all
         self.latency_s = 0.0  # sleep before each call
         self.corrupt_keys: set[str] = set()  # get() on these flips one byte
         self.calls: dict[str, int] = {}
@@ -30,7 +31,8 @@ class FaultyStore:
         if self.latency_s:
             time.sleep(self.latency_s)
         deadline = time.monotonic() + self.hang_limit_s
-        while self._hanging() and time.monotonic() < deadline:
+        while (self._hanging() and (not self.hang_ops or op in self.hang_ops)
+               and time.monotonic() < deadline):
             time.sleep(0.05)
         if self.outage:
             raise ColdStoreError("injected outage", transient=True)
@@ -77,8 +79,8 @@ class FaultyStore:
 
 class ControlledFaults(FaultyStore):
     """A FaultyStore steered from another process through a JSON file, e.g.
-    {"outage": true, "hang": true, "fail_rate": 0.2, "latency_s": 0.01,
-     "corrupt_keys": ["data/..."]}.
+    {"outage": true, "hang": true, "hang_ops": ["put"], "fail_rate": 0.2,
+     "latency_s": 0.01, "corrupt_keys": ["data/..."]}.
     The file is re-read when it changes (also while a call hangs, so clearing
     "hang" releases it); tests of a mounted daemon use it."""
 
@@ -113,6 +115,7 @@ class ControlledFaults(FaultyStore):
             self._mtime = mtime
             self.outage = bool(conf.get("outage", False))
             self.hang = bool(conf.get("hang", False))
+            self.hang_ops = set(conf.get("hang_ops", ()))
             self.fail_rate = float(conf.get("fail_rate", 0.0))
             self.latency_s = float(conf.get("latency_s", 0.0))
             self.corrupt_keys = set(conf.get("corrupt_keys", ()))

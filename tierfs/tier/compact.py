@@ -1,0 +1,168 @@
+"""Compaction: rewrite packs that are mostly dead, so the bucket stays near live size.
+
+A pack loses bytes as its files are deleted or rewritten, and is deleted only with
+its last reference. A pack whose dead share passes --compact-dead is rewritten: its
+live extents are read back with ranged GETs (each checked against its checksum),
+packed into a new object under an upload intent, and, in one transaction, every
+extent whose record still points into the old pack moves to the new one (extents
+changed meanwhile are dead bytes in the new pack from the start). That drops the
+old pack's references, so gc deletes it under the usual checkpoint rule. A crash
+before the transaction leaves an intent (its object is deleted at the next mount)
+and the old pack as it was. --compact-rate bounds the bytes rewritten per second.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+
+import trio
+
+from ..checksum import object_matches
+from ..errors import ColdStoreError, FsError
+from ..meta import scan
+from ..meta.schema import Ref, object_name
+
+log = logging.getLogger(__name__)
+
+SPAN_GAP = 256 << 10  # live pieces closer than this are read with one GET (gap included)
+
+
+class Compactor:
+    def __init__(self, engine, *, dead_share: float, rate: int, pack_size: int,
+                 interval: float = 5.0):
+        self.engine = engine
+        self.dead_share = dead_share
+        self.rate = rate
+        self.pack_size = pack_size
+        self.interval = interval
+        self.paused = lambda: False  # e.g. while this node is fenced off
+        self.stuck: set[int] = set()  # packs with a damaged piece: not retried until remount
+
+    async def run(self) -> None:
+        if not self.rate or self.dead_share >= 1:
+            return  # compaction is off
+        while True:
+            await trio.sleep(self.interval)
+            while not self.paused() and await self.compact_once():
+                pass  # more to do: the rate bound paces it
+
+    def candidates(self) -> list[int]:
+        """Packs past the dead share, the deadest first."""
+        dead = [(p.live / p.total if p.total else 0.0, obj_id)
+                for obj_id, p in scan.packs(self.engine.meta)
+                if p.total and 1 - p.live / p.total > self.dead_share]
+        return [obj_id for _share, obj_id in sorted(dead)]
+
+    def _live(self, obj_id: int) -> list[tuple[Ref, object]]:
+        """(reference, extent record) of the extents still held in a pack, clean ones."""
+        out = []
+        for ref in self.engine.meta.pack_refs(obj_id):
+            try:
+                ext = self.engine.meta.get_extents(ref.ino, ref.index, ref.index)[1].get(ref.index)
+            except FsError:
+                continue
+            if ext is not None and not ext.dirty and ext.ref == (obj_id, ref.offset, ref.length):
+                out.append((ref, ext))
+        return out
+
+    async def compact_once(self) -> int:
+        """Rewrite the deadest packs (as many as fit in one new pack); bytes rewritten."""
+        picked, nbytes = [], 0
+        for obj_id in self.candidates():
+            live = self._live(obj_id) if obj_id not in self.stuck else []
+            if not live:
+                continue  # its live extents are being rewritten: their uploads drop it
+            size = sum(ref.length for ref, _ext in live)
+            if picked and nbytes + size > self.pack_size:
+                break
+            picked.append((obj_id, live))
+            nbytes += size
+        if not picked:
+            return 0
+        engine = self.engine
+        new_id = engine.meta.next_object_id()
+        engine.stats.inc("compaction_runs")
+        t0 = time.monotonic()
+        try:
+            pieces = await trio.to_thread.run_sync(self._read_and_put, picked, new_id,
+                                                   limiter=engine.s3_limiter,
+                                                   abandon_on_cancel=True)
+        except trio.Cancelled:
+            raise
+        except BaseException as e:
+            engine.meta.update(None, {}, unreferenced=[new_id])
+            if isinstance(e, ColdStoreError):
+                log.warning("compaction of %d packs failed (%s); will retry", len(picked), e)
+                return 0
+            raise
+        read = {(obj_id, ref.offset) for (obj_id, ref), _e, _at in pieces}
+        self.stuck |= {obj_id for obj_id, live in picked
+                       if any((obj_id, ref.offset) not in read for ref, _e in live)}
+        moved = self._commit(new_id, pieces)
+        # The rate bound: a pass of n bytes takes at least n / rate seconds.
+        await trio.sleep(max(0.0, nbytes / self.rate - (time.monotonic() - t0)))
+        return moved
+
+    def _read_and_put(self, picked, new_id: int):
+        """(worker thread) Read every live piece (verified), put them as one new pack;
+        [(old ref, record read, new offset)] of the pieces it holds."""
+        cold = self.engine.cold
+        blob, pieces = bytearray(), []
+        for obj_id, live in picked:
+            for span in _spans(live):
+                lo = span[0][0].offset
+                hi = span[-1][0].offset + span[-1][0].length
+                data = cold.get(object_name(obj_id), lo, hi - lo)
+                for ref, ext in span:
+                    piece = data[ref.offset - lo:ref.offset - lo + ref.length]
+                    if not object_matches(piece, ref.length, ext.checksum):
+                        log.error("compaction: inode %d extent %d fails its checksum in "
+                                  "object %s; left where it is", ref.ino, ref.index,
+                                  object_name(obj_id))
+                        continue
+                    pieces.append(((obj_id, ref), ext, len(blob)))
+                    blob += piece
+        if pieces:
+            cold.put(object_name(new_id), blob)
+        return pieces
+
+    def _commit(self, new_id: int, pieces) -> int:
+        """Move the extents that still hold what was read into the new pack, in one
+        transaction; the rest of it is dead from the start. Returns the bytes moved."""
+        meta, stats = self.engine.meta, self.engine.stats
+        changed, drops, refs = {}, [], []
+        total = sum(ref.length for (_o, ref), _e, _at in pieces)
+        for (obj_id, ref), ext, at in pieces:
+            key = (ref.ino, ref.index)
+            try:
+                cur = meta.get_extents(ref.ino, ref.index, ref.index)[1].get(ref.index)
+            except FsError:
+                continue
+            if (cur is None or cur.dirty or cur.ref != (obj_id, ref.offset, ref.length)
+                    or cur.checksum != ext.checksum):
+                continue  # written, truncated or removed since it was read
+            changed[key] = replace(cur, obj_id=new_id, obj_off=at, obj_len=ref.length)
+            drops.append(cur.ref)
+            refs.append(Ref(at, ref.length, ref.ino, ref.index))
+        if not changed:
+            meta.update(None, {}, unreferenced=[new_id])
+            return 0
+        meta.update(None, changed, drops, [new_id], packs={new_id: (total, refs)})
+        moved = sum(r.length for r in refs)
+        stats.inc("compactions")
+        stats.inc("compacted_bytes", moved)
+        return moved
+
+
+def _spans(live):
+    """The live pieces of one pack in offset order, grouped into runs read by one GET."""
+    spans: list[list] = []
+    for ref, ext in sorted(live, key=lambda p: p[0].offset):
+        if spans:
+            last = spans[-1][-1][0]
+            if ref.offset - (last.offset + last.length) <= SPAN_GAP:
+                spans[-1].append((ref, ext))
+                continue
+        spans.append([(ref, ext)])
+    return spans
