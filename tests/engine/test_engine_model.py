@@ -223,6 +223,38 @@ def test_whole_overwrite_during_fetch_wins(tmp_path, via):
     run(scenario)
 
 
+@pytest.mark.parametrize("via", ["its own fetch", "a packed neighbour's fetch"])
+def test_a_fetch_in_flight_never_serves_a_newer_version_old_bytes(tmp_path, via):
+    """A file's old version is on its way from the bucket (a read of it, or, packed,
+    a read of its neighbour that fetches it along). While that GET is held, the file
+    is rewritten, uploaded and evicted: a read then must fetch the new version, not
+    take the old bytes of the GET in flight."""
+    async def scenario():
+        async with _stack(tmp_path, pack_below=E if "packed" in via else 0) as s:
+            first, neighbour = s.create(), s.create()
+            await s.engine.write(first, 0, A)
+            await s.engine.write(neighbour, 0, A)
+            await _cold(s, first)
+            await _cold(s, neighbour)
+            old = s.record(neighbour, 0).obj_id
+            if "packed" in via:
+                assert s.record(first, 0).obj_id == old  # packed together
+            get = s.gate.hold("get", object_name(old))
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_read, s, first if "packed" in via else neighbour, 0, E,
+                                   "the read that fetches the old version")
+                await until(lambda: get.entered, what="the GET of the old version")
+                assert s.fetches_in_flight()  # the neighbour rides along
+                await s.engine.write(neighbour, 0, B)  # a new version, whole
+                await _cold(s, neighbour)  # uploaded (alone: a pack of one) and evicted
+                assert s.record(neighbour, 0).obj_id != old
+                got = await _read(s, neighbour, 0, E, "the new version")
+                assert got == B, f"read {_which(got)}"
+                get.release()
+
+    run(scenario)
+
+
 def test_truncate_down_during_upload(tmp_path):
     """(c) A dirty extent cut short while its upload is in flight: the upload of
     the longer content must not become the extent, nor its cut-off tail come back."""

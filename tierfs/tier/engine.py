@@ -40,13 +40,20 @@ READ_AROUND = 4 << 20
 READ_AROUND_EXTENTS = 256  # and at most this many: each costs a record read on this thread
 
 
-class _Fetch:
-    """One extent on its way from the bucket; readers that wait for it share its bytes."""
-    __slots__ = ("done", "data")
+class _Moved(Exception):
+    """A fetched extent's record changed during the GET (its object may be gone)."""
 
-    def __init__(self):
+
+class _Fetch:
+    """One extent on its way from the bucket; readers that see the record being fetched
+    (`ext`) wait for it and share its bytes; one that sees a newer record (the extent
+    was rewritten, uploaded and evicted during the GET) fetches that on its own."""
+    __slots__ = ("done", "data", "ext")
+
+    def __init__(self, ext: Extent):
         self.done = trio.Event()
         self.data: bytes | None = None
+        self.ext = ext
 
 
 def kill_suid(mode: int) -> int:
@@ -315,6 +322,15 @@ class Engine:
         """Bring one extent hot from the bucket (single-flight) and return its bytes.
         A fetch for a write always installs the extent (waiting for room); a
         fetch for a read may be served uncached when the cache policy says so."""
+        while True:
+            try:
+                return await self._fetch_once(ino, idx, for_write)
+            except _Moved:
+                # Rewritten and uploaded, or compacted, during the GET: the old object
+                # may be gone already. What the record says now is what to read.
+                self.stats.inc("fetch_retried")
+
+    async def _fetch_once(self, ino: int, idx: int, for_write: bool) -> bytes:
         key = (ino, idx)
         while True:
             _node, exts = self.meta.get_extents(ino, idx, idx)
@@ -328,13 +344,18 @@ class Engine:
                     await self._hot_file_lost(ino, idx)
                     continue
             pending = self._fetching.get(key)
-            if pending is None:
+            if pending is None or pending.ext != ext:
+                # None on the way, or an older version (this one was rewritten and
+                # uploaded since that GET began): this version needs a GET of its own.
                 break
             await pending.done.wait()
             if pending.data is not None and not for_write:
                 return pending.data  # a reader needs the bytes, not a re-read of the file
-        pending = self._fetching[key] = _Fetch()
-        around = [] if for_write else self._neighbours(key, ext)
+        shared = pending is None  # readers of this version may wait for this GET
+        pending = _Fetch(ext)
+        if shared:
+            self._fetching[key] = pending
+        around = self._neighbours(key, ext) if shared and not for_write else []
         try:
             data, more = await self._get_around(ext, ino, idx, around)
             pending.data = data
@@ -345,7 +366,8 @@ class Engine:
                     await self._install_around(more)
             return data
         finally:
-            del self._fetching[key]
+            if self._fetching.get(key) is pending:
+                del self._fetching[key]
             pending.done.set()
             for nkey, _next, npending in around:  # neighbours that did not verify, too
                 if self._fetching.get(nkey) is npending:
@@ -353,6 +375,13 @@ class Engine:
                     npending.done.set()
             if around and self.space is not None:
                 self.space.release(sum(nx.obj_len for _k, nx, _p in around))
+
+    def _moved(self, ino: int, idx: int, ext: Extent) -> bool:
+        """Whether the extent's record is no longer `ext` (rewritten, compacted...)."""
+        try:
+            return self.meta.get_extents(ino, idx, idx)[1].get(idx) != ext
+        except FsError:
+            return True
 
     async def _keep(self, ino: int, idx: int, ext: Extent, data: bytes, for_write: bool) -> None:
         """Install a fetched extent on the hot tier, as room and the cache policy allow."""
@@ -404,7 +433,7 @@ class Engine:
             return []
         around = []
         for nkey, nx, _at in out:
-            pending = self._fetching[nkey] = _Fetch()
+            pending = self._fetching[nkey] = _Fetch(nx)
             around.append((nkey, nx, pending))
         return around
 
@@ -412,13 +441,15 @@ class Engine:
         """The bytes of `ext` (verified), and [(key, record, pending, bytes)] of the
         neighbours that verified, from one ranged GET over all of them."""
         if not around:
-            return await self.get_verified(ext, ino, idx), []
+            return await self.get_verified(ext, ino, idx, record=ext), []
         lo = min([ext.obj_off] + [nx.obj_off for _k, nx, _p in around])
         hi = max([ext.obj_off + ext.obj_len] + [nx.obj_off + nx.obj_len for _k, nx, _p in around])
         span = replace(ext, obj_off=lo, obj_len=hi - lo)
-        blob = await self.get_verified(span, ino, idx, check=False)
+        blob = await self.get_verified(span, ino, idx, check=False, record=ext)
         data = blob[ext.obj_off - lo:ext.obj_off - lo + ext.obj_len]
         if not object_matches(data, ext.obj_len, ext.checksum):
+            if self._moved(ino, idx, ext):
+                raise _Moved
             self.stats.inc("checksum_errors")
             log.error("checksum mismatch on object %s (%d bytes at %d) for inode %d extent %d: "
                       "returning EIO", object_name(ext.obj_id), ext.obj_len, ext.obj_off, ino, idx)
@@ -458,11 +489,12 @@ class Engine:
         self.verified.add(key)
 
     async def get_verified(self, ext: Extent, ino: int = 0, idx: int = 0,
-                           check: bool = True) -> bytes:
+                           check: bool = True, record: Extent | None = None) -> bytes:
         """Read an extent's object range and verify its xxh3 (in a worker thread;
         check=False: a span whose pieces the caller verifies). Errors are logged with
         the object and the inode and extent that need it (a pack holds many files:
-        only this one gets the EIO)."""
+        only this one gets the EIO). With `record`, a missing or mismatching object
+        of an extent whose record has changed since raises _Moved, unlogged."""
         name = object_name(ext.obj_id)
         of = f"inode {ino} extent {idx}"
 
@@ -487,11 +519,15 @@ class Engine:
                       "(--cold-timeout): returning EIO", name, of, self.cold_timeout)
             raise FsError(errno.EIO, "bucket timeout") from None
         except ChecksumMismatch:
+            if record is not None and self._moved(ino, idx, record):
+                raise _Moved from None
             self.stats.inc("checksum_errors")
             log.error("checksum mismatch on object %s (%d bytes at %d) for %s: returning EIO",
                       name, ext.obj_len, ext.obj_off, of)
             raise FsError(errno.EIO, "checksum mismatch") from None
         except ObjectNotFound:
+            if record is not None and self._moved(ino, idx, record):
+                raise _Moved from None
             self.stats.inc("cold_errors")
             log.error("object %s is missing from the bucket (%s): returning EIO", name, of)
             raise FsError(errno.EIO, "object missing") from None
