@@ -31,6 +31,9 @@ Workloads (full sizes; --quick uses smaller ones, --size-scale multiplies them):
       torch.distributed.checkpoint (local FileSystemWriter, FsspecWriter on tierfs://)
   scale  metadata scale on a fresh file:// mount: N empty files in 1000 directories,
       then mount time, stat ops/s with cold caches and daemon peak RSS, next to 10,000
+  packscale  N files of 4 KiB on a fresh file:// mount: objects in the bucket and PUTs
+      per file; then half of them deleted, and bucket bytes over live bytes once
+      compaction and gc are done
 
 Every timed phase starts after `tierfs sync --wait` (tierfs) / sync (local), so that
 background uploads of an earlier phase do not run inside it. Mounts, daemons and the
@@ -75,7 +78,7 @@ from tests.moto_server import TEST_REGION, make_bucket, s3_env  # noqa: E402
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 COLD_GET_LATENCY_S = 0.02  # W6 cold epochs: a real bucket's time to first byte
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "torch", "scale")
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "torch", "scale", "packscale")
 BUCKET = "tierfs-bench"
 RAW_BUCKET = "tierfs-bench-raw"
 SPAWN = multiprocessing.get_context("spawn")
@@ -930,6 +933,70 @@ def scale_one(n: int, cfg: Config, workdir: str, stack: contextlib.ExitStack) ->
     return out
 
 
+PACKED_FILE_BYTES = 4 * KiB
+
+
+def bucket_usage(root: str) -> tuple[int, int]:
+    """(objects, bytes) under the data/ prefix of a file:// bucket."""
+    count = size = 0
+    for dirpath, _dirs, files in os.walk(os.path.join(root, "data")):
+        for name in files:
+            count += 1
+            size += os.path.getsize(os.path.join(dirpath, name))
+    return count, size
+
+
+def pack_scale(cfg: Config, workdir: str, stack: contextlib.ExitStack) -> dict:
+    """Many small files packed: objects and PUTs per file, then bucket bytes over live
+    bytes once half of the files are deleted and compaction and gc are done."""
+    n = cfg.scale_files
+    base = os.path.join(workdir, "packscale")
+    bucket = os.path.join(base, "bucket")
+    m = TierfsMount(f"file://{bucket}", base, extra_args=("--checkpoint-keep", "1"))
+    stack.callback(m.cleanup)
+    data = os.urandom(PACKED_FILE_BYTES)
+    out: dict = {"files": n}
+    try:
+        m.mount()
+        t0 = time.monotonic()
+        for d in range(cfg.scale_dirs):
+            os.mkdir(os.path.join(m.mountpoint, f"d{d:04d}"))
+        paths = list(scale_paths(m.mountpoint, n, cfg.scale_dirs))
+        for p in paths:
+            with open(p, "wb", buffering=0) as f:
+                f.write(data)
+        tierfs_cli("sync", m.mountpoint, "--wait", timeout=3600)
+        out["create_upload_fps"] = n / (time.monotonic() - t0)
+        st = json.loads(tierfs_cli("status", m.mountpoint, "--json").stdout)
+        out["puts_per_file"] = st["counters"].get("uploads", 0) / n
+        out["objects"], out["bucket_bytes"] = bucket_usage(bucket)
+        for p in paths[::2]:
+            os.unlink(p)
+        live = (n - len(paths[::2])) * PACKED_FILE_BYTES
+        t0 = time.monotonic()
+        deadline = t0 + 3600
+        while time.monotonic() < deadline:  # until compaction and gc have nothing left
+            tierfs_cli("sync", m.mountpoint, "--wait", timeout=600)  # checkpoints: gc may go
+            st = json.loads(tierfs_cli("status", m.mountpoint, "--json").stdout)
+            if (st["gc_backlog_objects"] == 0 and st["pack_bytes"]
+                    and st["pack_live_bytes"] / st["pack_bytes"] >= 0.75):
+                break
+            time.sleep(2)
+        out["compact_s"] = time.monotonic() - t0
+        out["objects_after"], out["bucket_bytes_after"] = bucket_usage(bucket)
+        out["live_bytes_after"] = live
+        out["bucket_over_live"] = out["bucket_bytes_after"] / live
+        out["compacted_bytes"] = st["counters"].get("compacted_bytes", 0)
+        log(f"  packed {n} files: {out['objects']} objects, {out['puts_per_file']:.4f} PUTs per "
+            f"file; after deleting half: bucket/live {out['bucket_over_live']:.2f} "
+            f"({out['compact_s']:.0f}s)")
+        out["log_problems"] = m.log_problems()[:20]
+    finally:
+        m.cleanup()
+        shutil.rmtree(base, ignore_errors=True)
+    return out
+
+
 def scale_test(cfg: Config, workdir: str, stack: contextlib.ExitStack) -> dict:
     return {"ref": scale_one(cfg.scale_ref_files, cfg, workdir, stack),
             "big": scale_one(cfg.scale_files, cfg, workdir, stack)}
@@ -997,6 +1064,9 @@ def run_all(cfg: Config, workdir: str, results: dict, stack: contextlib.ExitStac
     if cfg.runs("scale"):
         log("metadata scale test")
         results["scale"] = scale_test(cfg, workdir, stack)
+    if cfg.runs("packscale"):
+        log("packed small files at scale")
+        results["packscale"] = pack_scale(cfg, workdir, stack)
 
 
 # ---- report -------------------------------------------------------------------------------------
@@ -1129,6 +1199,17 @@ def build_rows(results: dict) -> list[Row]:
             Row(f"scale: creating daemon peak RSS ({n})", "MiB",
                 [ref["create_daemon_rss_MiB"]], [big["create_daemon_rss_MiB"]],
                 ref_name=f"{rn} files"),
+        ]
+    ps = results.get("packscale")
+    if ps:
+        n = f"{ps['files']:,}"
+        rows += [
+            Row(f"packed: objects in the bucket ({n} x 4 KiB)", "objects", [], [ps["objects"]],
+                ref_name="-"),
+            Row(f"packed: uploads per file ({n})", "PUT", [], [ps["puts_per_file"]],
+                ref_name="-"),
+            Row(f"packed: bucket / live bytes, half deleted ({n})", "x", [],
+                [ps["bucket_over_live"]], "value", "<", 1.34, ref_name="-"),
         ]
     return [r.evaluate() for r in rows]
 

@@ -456,6 +456,12 @@ def test_put_extent_if(meta):
     assert meta.all_extents(f.ino)[0] == new
     assert meta.put_extent_if(f.ino, 1, old, new) is False  # missing record
     assert 1 not in meta.all_extents(f.ino)
+    # Many at once: each set only if its record is what was expected.
+    meta.update(None, {(f.ino, 2): old})
+    newer = Extent(flags=HOT, length=5, obj_id=4, obj_len=5)
+    assert meta.put_extents_if([((f.ino, 0), new, newer), ((f.ino, 2), new, newer),
+                                ((f.ino, 7), old, newer)]) == [True, False, False]
+    assert meta.all_extents(f.ino) == {0: newer, 2: old}
 
 
 def test_purge_removes_everything_of_the_inode(meta):

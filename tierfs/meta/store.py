@@ -701,6 +701,20 @@ class MetaStore:
             txn.put(s.extent_key(ino, idx), new.encode())
             return True
 
+    @_grows_when_full
+    def put_extents_if(self, items: list) -> list[bool]:
+        """put_extent_if() of every ((ino, idx), expect, new), in one transaction;
+        whether each was set."""
+        out = []
+        with self._write() as txn:
+            for (ino, idx), expect, new in items:
+                raw = txn.get(s.extent_key(ino, idx))
+                won = raw is not None and Extent.decode(raw) == expect
+                if won:
+                    txn.put(s.extent_key(ino, idx), new.encode())
+                out.append(won)
+        return out
+
     def gc_pending(self, limit: int | None = None) -> list[tuple[int, int]]:
         """(object id, epoch it was dropped in) of objects awaiting deletion."""
         out = []
