@@ -165,25 +165,10 @@ class Uploader:
     async def upload(self, key: Key) -> None:
         engine = self.engine
         ino, idx = key
-        info = engine.index.dirty.get(key)
-        if info is None or key in engine.index.held:
-            # Taken by a direct writer since it was found due (this task may have waited
-            # for a free upload slot): its generation no longer moves with its content.
+        got = self._dirty_copy(key)
+        if got is None:
             return
-        gen = info.gen
-        try:
-            node, exts = engine.meta.get_extents(ino, idx, idx)
-        except FsError:  # the inode was purged
-            engine.index.remove(key)
-            return
-        ext = exts.get(idx)
-        length = min(engine.E, node.size - idx * engine.E)
-        if ext is None or not ext.dirty or length <= 0:
-            engine.index.cleaned(key, gen)
-            return
-        fd = engine.hot.dup_fd(ino, idx)
-        if fd is None:
-            return  # removed meanwhile (truncate/unlink)
+        gen, fd, length = got
         obj_id = engine.meta.next_object_id()
         name = object_name(obj_id)
 
@@ -244,6 +229,8 @@ class Uploader:
         ino, idx = key
         info = engine.index.dirty.get(key)
         if info is None or key in engine.index.held:
+            # Taken by a direct writer since it was found due (this task may have waited
+            # for a free upload slot): its generation no longer moves with its content.
             return None
         try:
             node, exts = engine.meta.get_extents(ino, idx, idx)
