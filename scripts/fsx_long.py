@@ -68,12 +68,25 @@ CONFIGS: dict[str, dict] = {
     "file-1m-4m-24m": dict(backend="file", file_mib=24, extent_mib=1, weights="default",
                            args=["--extent-size", "1M", "--cache-size", "4M",
                                  "--upload-delay", "0.05", "--checkpoint-interval", "1"]),
+    # Every extent of the file packed, 4 MiB packs, compaction of packs 20% dead: reads
+    # around misses, rewrites and truncates inside packs, packs rewritten meanwhile.
+    "s3-1m-8m-24m-packed": dict(backend="s3", file_mib=24, extent_mib=1, weights="default",
+                                args=["--extent-size", "1M", "--cache-size", "8M",
+                                      "--upload-delay", "0.05", "--checkpoint-interval", "1",
+                                      "--pack-below", "64M", "--pack-size", "4M",
+                                      "--compact-dead", "0.2"]),
+    "file-1m-8m-24m-packed": dict(backend="file", file_mib=24, extent_mib=1,
+                                  weights="mmap-heavy",
+                                  args=["--extent-size", "1M", "--cache-size", "8M",
+                                        "--upload-delay", "0.05", "--checkpoint-interval", "1",
+                                        "--pack-below", "64M", "--pack-size", "4M",
+                                        "--compact-dead", "0.2"]),
 }
 DEFAULT_CONFIGS = ["s3-16m-64m-wb", "s3-16m-64m-nowb", "file-16m-64m-mmap", "s3-1m-4m-24m"]
 
 COUNTERS = ("evictions", "checksum_errors", "hot_checksum_errors", "cold_reads", "uploads",
             "upload_errors", "cold_errors", "backpressure_waits", "checkpoints",
-            "hot_file_lost")
+            "hot_file_lost", "packed_extents", "read_around_extents", "compactions")
 
 
 class Interrupted(Exception):

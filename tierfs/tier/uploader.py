@@ -183,25 +183,7 @@ class Uploader:
             engine.cold.put(name, data)
             return len(data), checksum
 
-        t0 = time.monotonic()
-        try:
-            # Abandoned if cancelled (unmount): a bucket that never answers must not
-            # hold the daemon; the intent stays, and the next mount cleans it up.
-            size, checksum = await trio.to_thread.run_sync(
-                read_and_put, limiter=engine.s3_limiter, abandon_on_cancel=True)
-        except trio.Cancelled:
-            raise
-        except BaseException:
-            # It may exist in the bucket; nothing references it: gc deletes it now.
-            engine.meta.update(None, {}, unreferenced=[obj_id])
-            raise
-        engine.stats.inc("uploads")
-        engine.stats.inc("upload_bytes", size)
-        engine.stats.observe("upload_seconds", "", time.monotonic() - t0)
-        if self.failures:
-            log.info("uploads work again")
-        self.failures = 0
-        self.last_error = None
+        size, checksum = await self._put(obj_id, length, read_and_put)
         # Back on the trio thread: is what we uploaded still the extent's content?
         try:
             _node, exts = engine.meta.get_extents(ino, idx, idx)
@@ -221,6 +203,31 @@ class Uploader:
         engine.index.cleaned(key, gen)
         engine.verified.add(key)  # the checksum was computed from this very hot copy
         self.space.uploaded()
+
+    async def _put(self, obj_id: int, nbytes: int, read_and_put):
+        """Run read_and_put() (which reads, checksums and PUTs the `nbytes` of object
+        `obj_id`) in a worker thread, return its result, count the upload. Abandoned if
+        cancelled (unmount): a bucket that never answers must not hold the daemon; the
+        intent stays, and the next mount cleans it up."""
+        engine = self.engine
+        t0 = time.monotonic()
+        try:
+            out = await trio.to_thread.run_sync(read_and_put, limiter=engine.s3_limiter,
+                                                abandon_on_cancel=True)
+        except trio.Cancelled:
+            raise
+        except BaseException:
+            # It may exist in the bucket; nothing references it: gc deletes it now.
+            engine.meta.update(None, {}, unreferenced=[obj_id])
+            raise
+        engine.stats.inc("uploads")
+        engine.stats.inc("upload_bytes", nbytes)
+        engine.stats.observe("upload_seconds", "", time.monotonic() - t0)
+        if self.failures:
+            log.info("uploads work again")
+        self.failures = 0
+        self.last_error = None
+        return out
 
     def _dirty_copy(self, key: Key):
         """(write generation, descriptor, length) of a dirty extent to upload now, or
@@ -258,9 +265,10 @@ class Uploader:
             return
         obj_id = engine.meta.next_object_id()
         name = object_name(obj_id)
+        total = sum(length for _k, _g, _fd, length in pieces)
 
         def read_and_put() -> list[tuple[int, int, int]]:
-            blob = bytearray(sum(length for _k, _g, _fd, length in pieces))
+            blob = bytearray(total)
             view = memoryview(blob)
             layout, at = [], 0
             try:
@@ -279,24 +287,8 @@ class Uploader:
             engine.cold.put(name, blob)
             return layout
 
-        t0 = time.monotonic()
-        try:
-            layout = await trio.to_thread.run_sync(
-                read_and_put, limiter=engine.s3_limiter, abandon_on_cancel=True)
-        except trio.Cancelled:
-            raise
-        except BaseException:
-            engine.meta.update(None, {}, unreferenced=[obj_id])
-            raise
-        total = sum(length for _off, length, _c in layout)
-        engine.stats.inc("uploads")
+        layout = await self._put(obj_id, total, read_and_put)
         engine.stats.inc("pack_uploads")
-        engine.stats.inc("upload_bytes", total)
-        engine.stats.observe("upload_seconds", "", time.monotonic() - t0)
-        if self.failures:
-            log.info("uploads work again")
-        self.failures = 0
-        self.last_error = None
         # Back on the trio thread: which extents still hold what was uploaded?
         changed, drops, refs, done = {}, [], [], []
         for (key, gen, _fd, _length), (off, length, checksum) in zip(pieces, layout):
