@@ -283,7 +283,8 @@ def test_cold_file_is_fetched_then_read_directly(pub):
     with tierfs.open(m.path("f"), "rb") as f:
         assert is_direct(f) and f.read() == data
     after = counters(m)
-    assert grew(before, after, "cold_reads") == 4
+    # Its four extents are packed together: one GET brings the other three along.
+    assert grew(before, after, "cold_reads") + grew(before, after, "read_around_extents") == 4
     assert grew(before, after, "direct_fetched_extents") == 4
     assert grew(before, after, "direct_extents") == 4
     assert file_state(m, m.path("f"))["hot"] == len(data)

@@ -10,7 +10,8 @@ from ..meta.schema import DIRTY, HOT, PINNED
 
 async def prefetch(engine, ino: int, parallel: int = 8, for_write: bool = True) -> dict:
     """Bring every extent of a file hot; returns bytes fetched and already hot.
-    for_write=False lets the cache policy decline (hints under no-replace)."""
+    for_write=False lets the cache policy decline (hints under no-replace). Exactly
+    what is asked for: no neighbours read around it (a hint names what comes next)."""
     node = engine.meta.get_inode(ino)
     exts = engine.meta.all_extents(ino)
     E = engine.E
@@ -19,7 +20,7 @@ async def prefetch(engine, ino: int, parallel: int = 8, for_write: bool = True) 
 
     async def one(idx: int) -> None:
         async with limiter:
-            data = await engine.fetch(ino, idx, for_write=for_write)
+            data = await engine.fetch(ino, idx, for_write=for_write, around=False)
             out["fetched"] += len(data)
 
     async with trio.open_nursery() as nursery:

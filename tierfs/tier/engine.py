@@ -318,19 +318,21 @@ class Engine:
             raise FsError(errno.EIO, "hot extent file lost")
         self.meta.update(None, {(ino, idx): replace(ext, flags=ext.flags & ~HOT)})
 
-    async def fetch(self, ino: int, idx: int, for_write: bool = False) -> bytes:
+    async def fetch(self, ino: int, idx: int, for_write: bool = False,
+                    around: bool = True) -> bytes:
         """Bring one extent hot from the bucket (single-flight) and return its bytes.
         A fetch for a write always installs the extent (waiting for room); a
-        fetch for a read may be served uncached when the cache policy says so."""
+        fetch for a read may be served uncached when the cache policy says so, and
+        (around) brings the cold neighbours packed next to it along."""
         while True:
             try:
-                return await self._fetch_once(ino, idx, for_write)
+                return await self._fetch_once(ino, idx, for_write, around)
             except _Moved:
                 # Rewritten and uploaded, or compacted, during the GET: the old object
                 # may be gone already. What the record says now is what to read.
                 self.stats.inc("fetch_retried")
 
-    async def _fetch_once(self, ino: int, idx: int, for_write: bool) -> bytes:
+    async def _fetch_once(self, ino: int, idx: int, for_write: bool, around: bool) -> bytes:
         key = (ino, idx)
         while True:
             _node, exts = self.meta.get_extents(ino, idx, idx)
@@ -355,7 +357,7 @@ class Engine:
         pending = _Fetch(ext)
         if shared:
             self._fetching[key] = pending
-        around = self._neighbours(key, ext) if shared and not for_write else []
+        around = self._neighbours(key, ext) if around and shared and not for_write else []
         try:
             data, more = await self._get_around(ext, ino, idx, around)
             pending.data = data
