@@ -66,8 +66,9 @@ class Compactor:
                 out.append((ref, ext))
         return out
 
-    async def compact_once(self) -> int:
-        """Rewrite the deadest packs (as many as fit in one new pack); bytes rewritten."""
+    def _pick(self) -> tuple[list, int]:
+        """(worker thread: a pack of small files has thousands of records to read) The
+        deadest packs with their live pieces, as many as fit in one new pack."""
         picked, nbytes = [], 0
         for obj_id in self.candidates():
             live = self._live(obj_id) if obj_id not in self.stuck else []
@@ -78,9 +79,19 @@ class Compactor:
                 break
             picked.append((obj_id, live))
             nbytes += size
+        return picked, nbytes
+
+    async def compact_once(self) -> int:
+        """Rewrite the deadest packs (as many as fit in one new pack); bytes moved.
+        What the records said when picked is checked again when committing."""
+        engine = self.engine
+        engine.meta.thread_readers += 1  # the map must not grow under a thread's reads
+        try:
+            picked, nbytes = await trio.to_thread.run_sync(self._pick)
+        finally:
+            engine.meta.thread_readers -= 1
         if not picked:
             return 0
-        engine = self.engine
         new_id = engine.meta.next_object_id()
         engine.stats.inc("compaction_runs")
         t0 = time.monotonic()
