@@ -2,12 +2,66 @@
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 
 import pytest
 
-from tests.harness import Mount
+from tests.harness import (SESSION_ENV, Mount, _gone, mounts, stop_daemon, sweep_dead_sessions,
+                           tierfs_daemons, wait_until)
+from tierfs.mountpoint import unmount_lazy
 from tests.moto_server import make_bucket, moto_server, s3_env
+
+
+def pytest_configure(config):
+    os.environ[SESSION_ENV] = str(os.getpid())  # inherited by every daemon the tests start
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        # A run that is told to stop (timeout, CI, kill) still runs every fixture's
+        # teardown, as Ctrl-C does: no mount outlives it.
+        def stop(signum, _frame):
+            raise KeyboardInterrupt(f"stopped by signal {signum}")
+        signal.signal(signal.SIGTERM, stop)
+    for what in sweep_dead_sessions():
+        print(f"tests: stopped {what}, left behind by an earlier run that was killed")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The last net: whatever this run started and still runs (an interrupted
+    teardown) is stopped before pytest exits."""
+    for pid, (mountpoint, owner) in tierfs_daemons().items():
+        if owner == os.getpid():
+            stop_daemon(pid, mountpoint)
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_mounts(request):
+    """Every test ends with the mounts and daemons it started gone, also when it
+    failed: what is left is stopped here, and the test fails for leaving it."""
+    if "tests/fuse/" not in str(request.node.fspath):
+        yield  # the other levels mount nothing
+        return
+    before_mounts = {p for p, kind in mounts().items() if kind == "fuse.tierfs"}
+    before_daemons = set(tierfs_daemons())
+    yield
+    left_mounts = [p for p, kind in mounts().items()
+                   if kind == "fuse.tierfs" and p not in before_mounts]
+    daemons = {pid: d for pid, d in tierfs_daemons().items()
+               if pid not in before_daemons and d[1] == os.getpid()}
+    for path in left_mounts:
+        for pid in [pid for pid, d in daemons.items() if d[0] == path]:
+            stop_daemon(pid, path)
+            del daemons[pid]
+        unmount_lazy(path)  # also one whose daemon is not ours to see (a mount helper's)
+    # An unmounted daemon may still be finishing its exit: give it time first.
+    lingering = []
+    for pid, (mountpoint, _owner) in daemons.items():
+        try:
+            wait_until(lambda: _gone(pid), 30, f"daemon {pid} to exit")
+        except AssertionError:
+            stop_daemon(pid, mountpoint)
+            lingering.append(f"daemon {pid} ({mountpoint or 'no mount point'})")
+    if left_mounts or lingering:
+        pytest.fail("the test left running: " + ", ".join(left_mounts + lingering))
 
 
 def pytest_collection_modifyitems(config, items):

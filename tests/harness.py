@@ -11,7 +11,12 @@ import sys
 import time
 
 from tierfs.client import daemon_info
-from tierfs.mountpoint import mounts
+from tierfs.mountpoint import mounts, unmount_lazy
+
+# Every daemon a test starts inherits this variable: the pid of the pytest process
+# that started it, so leftovers of a run that was killed can be told apart from the
+# mounts of a run still going.
+SESSION_ENV = "PYTEST_TIERFS_SESSION"
 
 
 def run_cli(*args, env=None, timeout=120, check=False, cwd=None) -> subprocess.CompletedProcess:
@@ -133,6 +138,61 @@ def _gone(pid: int) -> bool:
 
 def _wait_gone(pid: int, timeout: float = 30) -> None:
     wait_until(lambda: _gone(pid), timeout, f"daemon pid {pid} to exit")
+
+
+def tierfs_daemons() -> dict[int, tuple[str | None, int | None]]:
+    """pid -> (mount point or None, pytest session pid or None) of every running
+    tierfs daemon (`python -m tierfs mount ... --foreground`)."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+        except OSError:
+            continue
+        words = " ".join(argv)
+        if " -m tierfs mount " not in f" {words} " or "--foreground" not in argv:
+            continue
+        at = argv.index("mount")
+        positional = [a for a in argv[at + 1:at + 3] if not a.startswith("-")]
+        mountpoint = positional[1] if len(positional) == 2 else None
+        session = env.get(SESSION_ENV.encode())
+        out[int(entry)] = (mountpoint, int(session) if session and session.isdigit() else None)
+    return out
+
+
+def stop_daemon(pid: int, mountpoint: str | None) -> None:
+    """Take a leftover mount down: lazily unmounted, its daemon killed."""
+    if mountpoint is not None and mounts().get(mountpoint) == "fuse.tierfs":
+        unmount_lazy(mountpoint)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    _wait_gone(pid)
+
+
+def sweep_dead_sessions() -> list[str]:
+    """Stop the daemons (and mounts) that a pytest run killed before its cleanup
+    left behind; a run still going keeps its own. Returns what was stopped."""
+    stopped = []
+    for pid, (mountpoint, session) in tierfs_daemons().items():
+        if session is not None and session != os.getpid() and _gone(session):
+            stop_daemon(pid, mountpoint)
+            stopped.append(mountpoint or f"daemon {pid}")
+    for path, kind in mounts().items():  # a dead daemon's mount of a test directory
+        if kind == "fuse.tierfs" and path.startswith(("/tmp/pytest-of-", "/tmp/tierfs-direct-",
+                                                      "/tmp/tierfs-lk-")):
+            try:
+                os.stat(path)
+            except OSError:  # ENOTCONN: nobody serves it any more
+                unmount_lazy(path)
+                stopped.append(path)
+    return stopped
 
 
 def write_file(path: str, data: bytes) -> None:

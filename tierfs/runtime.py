@@ -34,8 +34,17 @@ from .tier.uploader import Uploader
 log = logging.getLogger("tierfs")
 
 
+# A Unix socket's path must fit in sockaddr_un.sun_path (108 bytes with its NUL).
+MAX_SOCKET_PATH = 107
+
+
 def lock_cache_dir(cache_dir: str) -> int:
     """Hold an exclusive lock on the cache dir for the daemon's lifetime."""
+    socket_path = os.path.join(cache_dir, "control.sock")
+    if len(os.fsencode(socket_path)) > MAX_SOCKET_PATH:
+        raise UserError(f"cache dir {cache_dir} is too long a path for the control socket "
+                        f"({len(os.fsencode(socket_path))} bytes, at most {MAX_SOCKET_PATH}): "
+                        f"choose a shorter --cache-dir")
     if os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
         raise UserError(f"cache dir {cache_dir} is a file, not a directory: choose a "
                         f"directory for --cache-dir")

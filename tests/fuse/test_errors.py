@@ -68,6 +68,14 @@ def test_mounting_a_live_mount_again_leaves_its_log_alone(mnt):
     assert mnt.log() == before
 
 
+def test_cache_dir_too_long_for_the_control_socket(tmp_path):
+    (tmp_path / "mnt").mkdir()
+    cache = tmp_path / ("c" * 120)
+    res = run_cli(*mount_args(tmp_path, cache=str(cache)))
+    assert_clean_error(res, "too long a path for the control socket", "shorter --cache-dir")
+    assert not cache.exists() and mounts().get(str(tmp_path / "mnt")) is None
+
+
 def test_cache_dir_is_a_file(tmp_path):
     (tmp_path / "mnt").mkdir()
     (tmp_path / "cache").write_text("x")
