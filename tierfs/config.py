@@ -74,6 +74,7 @@ class MountConfig:
     pack_size: int = 64 << 20
     compact_dead: float = 0.25
     compact_rate: int = 32 << 20
+    compact_interval: float = 5.0
     unmount_upload_timeout: float = 60.0
     checkpoint_interval: float = 300.0
     checkpoint_keep: int = 3
@@ -175,6 +176,8 @@ OPTIONS = (
     Option("log_level", "str", "daemon log level", ("DEBUG", "INFO", "WARNING", "ERROR")),
     Option("force", "bool", "take over the filesystem from another node known to be dead"),
     Option("fault_file", "str", "tests only", hidden=True),
+    Option("compact_interval", "float", "seconds between compaction passes", hidden=True,
+           low=0, above=True),
     Option("meta_map_size", "size", "initial LMDB map size", hidden=True, low=1 << 16),
     Option("meta_max_map_size", "size", "largest LMDB map size", hidden=True, low=1 << 16),
 )

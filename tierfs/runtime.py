@@ -136,7 +136,8 @@ class Daemon:
                                  pack_size=cfg.pack_size)
         self.gc = GarbageCollector(self.engine)
         self.compactor = Compactor(self.engine, dead_share=cfg.compact_dead,
-                                   rate=cfg.compact_rate, pack_size=cfg.pack_size)
+                                   rate=cfg.compact_rate, pack_size=cfg.pack_size,
+                                   interval=cfg.compact_interval)
         self.uploader.paused = self.gc.paused = self.compactor.paused = \
             lambda: self.state.fenced
         self.checkpointer = Checkpointer(self.engine, cfg.cache_dir,

@@ -16,7 +16,8 @@ from tierfs.meta import MetaStore, scan
 from tierfs.meta import schema as s
 
 KiB = 1 << 10
-ARGS = ("--extent-size", "64K", "--pack-size", "1M", "--checkpoint-keep", "1")
+ARGS = ("--extent-size", "64K", "--pack-size", "1M", "--checkpoint-keep", "1",
+        "--compact-interval", "0.5")
 
 
 def counters(m) -> dict:

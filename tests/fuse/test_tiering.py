@@ -84,20 +84,20 @@ def test_write_sync_release_read_back(s3m):
 
 
 def test_small_hot_tier_holds_much_more_data(s3m):
-    """A 64 MiB hot tier takes 512 MiB: writers wait for uploads, reads fetch back."""
-    m = s3m("--cache-size", "64M", "--min-free", "0")
+    """A 32 MiB hot tier takes 256 MiB: writers wait for uploads, reads fetch back."""
+    m = s3m("--cache-size", "32M", "--min-free", "0")
     chunk = pattern(4 * MiB, 2)
     with open(m.path("big"), "wb") as f:
-        for i in range(128):
+        for i in range(64):
             f.write(chunk[i % 7:] + chunk[:i % 7])
     st = status(m)
-    assert st["hot_bytes"] <= 64 * MiB
+    assert st["hot_bytes"] <= 32 * MiB
     drop_page_cache(m.mountpoint)
     with open(m.path("big"), "rb") as f:
-        for i in range(128):
+        for i in range(64):
             assert f.read(4 * MiB) == chunk[i % 7:] + chunk[:i % 7], f"block {i}"
     st = status(m)
-    assert st["hot_bytes"] <= 64 * MiB
+    assert st["hot_bytes"] <= 32 * MiB
     assert st["counters"]["evictions"] > 0
 
 

@@ -32,6 +32,7 @@ from .cache import Key
 log = logging.getLogger(__name__)
 
 MAX_WAIT_FACTOR = 4
+MAX_BACKOFF_S = 5.0  # between upload rounds while the bucket fails
 PACKS_IN_FLIGHT = 2
 
 
@@ -151,8 +152,9 @@ class Uploader:
     def _failed(self, e: ColdStoreError, what: str) -> None:
         self.failures += 1
         self.engine.stats.inc("upload_errors")
-        # Back off so a bucket outage does not become a hot loop.
-        self.backoff_until = time.monotonic() + min(30.0, 0.5 * 2 ** min(self.failures, 6))
+        # Back off so a bucket outage does not become a hot loop, but try again every
+        # few seconds: uploads resume soon after the bucket is back.
+        self.backoff_until = time.monotonic() + min(MAX_BACKOFF_S, 0.5 * 2 ** min(self.failures, 4))
         if self.last_error is None:  # once per outage, not once per extent
             log.warning("upload of %s failed (%s); will retry", what, e)
         self.last_error = str(e)
