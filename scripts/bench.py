@@ -111,6 +111,7 @@ class Config:
     block: int = 1 * MiB
     skip: tuple[str, ...] = ()
     mount_args: tuple[str, ...] = ()  # extra `tierfs mount` flags, to compare configurations
+    bucket: str = "moto"  # the tierfs side's bucket: the moto server, or a file:// directory
 
     def runs(self, workload: str) -> bool:
         return workload not in self.skip
@@ -133,7 +134,7 @@ def make_config(args) -> Config:
                   ckpt_bytes=ckpt, mixed_write_bytes=mib(mixed * x),
                   small_files=max(200, int(files * x)), scale_files=max(1000, int(scale * x)),
                   rawget_bytes=rawget, skip=tuple(args.skip),
-                  mount_args=tuple(shlex.split(args.mount_args)))
+                  mount_args=tuple(shlex.split(args.mount_args)), bucket=args.bucket)
 
 
 # ---- system helpers -----------------------------------------------------------------------
@@ -1028,7 +1029,8 @@ def run_rep(rep: int, cfg: Config, workdir: str, ctx: dict, stack, out: dict) ->
     log(f"repetition {rep + 1}/{cfg.reps}: tierfs")
     base = os.path.join(workdir, f"tierfs-r{rep}")
     faults = os.path.join(base, "bucket-latency.json")
-    mount = TierfsMount(f"s3://{BUCKET}/r{rep}", base,
+    url = f"file://{base}/bucket" if cfg.bucket == "file" else f"s3://{BUCKET}/r{rep}"
+    mount = TierfsMount(url, base,
                         extra_args=("--fault-file", faults, *cfg.mount_args))
     stack.callback(mount.cleanup)
     try:
@@ -1303,6 +1305,8 @@ def print_report(results: dict, rows: list[Row], cfg: Config) -> None:
     print(f"sizes: checkpoint {cfg.ckpt_bytes // MiB} MiB, W5 write "
           f"{cfg.mixed_write_bytes // MiB} MiB, {cfg.small_files:,} x "
           f"{cfg.small_file_bytes // KiB} KiB files, scale {cfg.scale_files:,} files")
+    print("tierfs bucket: " + ("a file:// directory on the same disk" if cfg.bucket == "file"
+                               else "the moto S3 server on this machine"))
     ctx = results.get("context", {})
     cal = ctx.get("calibration")
     if cal:
@@ -1339,6 +1343,10 @@ def parse_args(argv=None):
                    help=f"workloads to skip: {' '.join(WORKLOADS)}")
     p.add_argument("--mount-args", default="",
                    help="extra `tierfs mount` flags for the tierfs side, e.g. '--no-writeback-cache'")
+    p.add_argument("--bucket", choices=("moto", "file"), default="moto",
+                   help="bucket of the tierfs side: the moto S3 server (default), or a file:// "
+                   "directory on the same disk, whose ranged reads cost only their range "
+                   "(moto reads a whole object for every ranged GET, a real S3 does not)")
     return p.parse_args(argv)
 
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import trio
 
 from tierfs.errors import ColdStoreError, FsError
+from tierfs.tier import actions
 from tierfs.tier.direct_write import DirectWrites
 
 from .harness import Stack, leaves
@@ -98,7 +99,7 @@ class Config:
 # op name -> weight
 MIX = {"lane_write": 30, "lane_read": 30, "write": 8, "whole": 6, "truncate": 8, "read": 6,
        "scan": 4, "scan_overwrite": 3, "truncate_rewrite": 3, "fsync": 2, "flush_file": 2,
-       "flush_all": 1, "checkpoint": 1, "evict": 2, "direct_write": 4}
+       "flush_all": 1, "checkpoint": 1, "evict": 2, "direct_write": 4, "hint": 3}
 FAILED = object()
 
 
@@ -357,6 +358,14 @@ class Driver:
         except ColdStoreError:
             if not (self.cfg.eio_ok or self.cfg.outages):
                 raise
+
+    async def op_hint(self, rng, i, t, f):
+        """A hinted prefetch of this file with every file wanted: its GET brings along
+        the packed extents of other files, which other tasks may be writing meanwhile."""
+        async with f.lock.exclusive():
+            entry = self._log(i, t, f, "hint")
+            await self._call(entry, "hinted prefetch", actions.prefetch(
+                self.s.engine, f.ino, parallel=2, for_write=False, wanted=lambda ino: True))
 
     async def op_evict(self, rng, i, t, f):
         self._log(i, t, f, "evict", self.s.evict_all())

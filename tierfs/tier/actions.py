@@ -5,13 +5,16 @@ from dataclasses import replace
 
 import trio
 
+from ..errors import FsError, TierfsError
 from ..meta.schema import DIRTY, HOT, PINNED
 
 
-async def prefetch(engine, ino: int, parallel: int = 8, for_write: bool = True) -> dict:
+async def prefetch(engine, ino: int, parallel: int = 8, for_write: bool = True,
+                   wanted=None) -> dict:
     """Bring every extent of a file hot; returns bytes fetched and already hot.
-    for_write=False lets the cache policy decline (hints under no-replace). Exactly
-    what is asked for: no neighbours read around it (a hint names what comes next)."""
+    for_write=False lets the cache policy decline (hints under no-replace). No
+    neighbours are read around it, except the extents of `wanted` files (inode ->
+    bool: asked for in the same request or hint list) packed next to it."""
     node = engine.meta.get_inode(ino)
     exts = engine.meta.all_extents(ino)
     E = engine.E
@@ -20,16 +23,38 @@ async def prefetch(engine, ino: int, parallel: int = 8, for_write: bool = True) 
 
     async def one(idx: int) -> None:
         async with limiter:
-            data = await engine.fetch(ino, idx, for_write=for_write, around=False)
+            data = await engine.fetch(ino, idx, for_write=for_write, around=False,
+                                      wanted=wanted)
             out["fetched"] += len(data)
 
-    async with trio.open_nursery() as nursery:
-        for idx, ext in sorted(exts.items()):
-            if ext.hot:
-                out["already_hot"] += min(E, max(0, node.size - idx * E))
-            else:
-                nursery.start_soon(one, idx)
+    try:
+        async with trio.open_nursery() as nursery:
+            for idx, ext in sorted(exts.items()):
+                if ext.hot:
+                    out["already_hot"] += min(E, max(0, node.size - idx * E))
+                else:
+                    nursery.start_soon(one, idx)
+    except ExceptionGroup as group:
+        raise first_error(group) from None
     return out
+
+
+def first_error(group: ExceptionGroup) -> BaseException:
+    """The first error of a group of filesystem errors (the caller reports one, as a
+    plain FsError); the group itself if anything else is in it."""
+    leaves = []
+
+    def walk(g):
+        for e in g.exceptions:
+            if isinstance(e, BaseExceptionGroup):
+                walk(e)
+            else:
+                leaves.append(e)
+
+    walk(group)
+    if all(isinstance(e, TierfsError) for e in leaves):
+        return leaves[0]
+    return group
 
 
 def release(engine, ino: int) -> dict:
@@ -72,7 +97,6 @@ async def scrub(engine, ino: int) -> dict:
     """Re-read and verify every clean extent of a file, hot copy and object.
     A damaged hot copy is replaced from the bucket; a damaged object is reported
     (and re-uploaded from a good hot copy)."""
-    from ..errors import FsError
     out = {"hot_ok": 0, "hot_repaired": 0, "cold_ok": 0, "cold_bad": 0, "dirty_skipped": 0}
     for idx, ext in sorted(engine.meta.all_extents(ino).items()):
         if ext.dirty or not ext.obj_id:

@@ -39,6 +39,16 @@ INLINE_VERIFY_MAX = 1 << 20
 READ_AROUND = 4 << 20
 READ_AROUND_EXTENTS = 256  # and at most this many: each costs a record read on this thread
 
+# A fetch for hints (or a prefetch of many files) also fetches the wanted extents packed
+# next to it without a gap, in one GET of up to WANTED_SPAN bytes: a random epoch order
+# then costs a few GETs per pack, not one per file.
+WANTED_SPAN = 8 << 20
+WANTED_SPAN_EXTENTS = 1024
+WANTED_GAP = 256 << 10  # dead bytes between two wanted pieces read along, at most
+# Neighbours fetched along (read-around and wanted) and not installed yet, at most: the
+# memory they hold while their GETs run and their installs wait.
+NEIGHBOURS_IN_MEMORY = 64 << 20
+
 
 class _Moved(Exception):
     """A fetched extent's record changed during the GET (its object may be gone)."""
@@ -47,13 +57,20 @@ class _Moved(Exception):
 class _Fetch:
     """One extent on its way from the bucket; readers that see the record being fetched
     (`ext`) wait for it and share its bytes; one that sees a newer record (the extent
-    was rewritten, uploaded and evicted during the GET) fetches that on its own."""
-    __slots__ = ("done", "data", "ext")
+    was rewritten, uploaded and evicted during the GET) fetches that on its own.
+    `ready`: the bytes are verified (or the GET failed: data None); `done`: installed on
+    the hot tier, or given up. Readers need only `ready`; writers wait for `done`."""
+    __slots__ = ("ready", "done", "data", "ext")
 
     def __init__(self, ext: Extent):
+        self.ready = trio.Event()
         self.done = trio.Event()
         self.data: bytes | None = None
         self.ext = ext
+
+    def finish(self) -> None:
+        self.ready.set()
+        self.done.set()
 
 
 def kill_suid(mode: int) -> int:
@@ -81,6 +98,8 @@ class Engine:
         self._writeback_limiter = trio.CapacityLimiter(2)
         self.read_around = READ_AROUND  # bytes of a pack fetched around a miss (0: none)
         self._fetching: dict[Key, _Fetch] = {}
+        self._neighbour_bytes = 0  # of neighbours fetched along, until installed
+        self.on_miss = lambda ino: None  # a read had to wait for the bucket (hints adapt)
         self.gc_guard = lambda epoch: True  # may an object dropped in `epoch` go?
         self.busy: set[Key] = set()  # extents being changed: never evicted meanwhile
         # Clean hot extents whose checksum was checked since mount (or that we
@@ -154,7 +173,8 @@ class Engine:
             ext = exts.get(idx)
             if ext is not None and not (ext.hot and await self._read_hot(ino, idx, ext,
                                                                          pos - start, out)):
-                data = await self.fetch(ino, idx)
+                self.on_miss(ino)
+                data = await self.fetch(ino, idx, bytes_only=True)
                 piece = data[pos - start:pos - start + n]
                 out[:len(piece)] = piece
                 self.stats.inc("miss_read_bytes", n)
@@ -319,20 +339,25 @@ class Engine:
         self.meta.update(None, {(ino, idx): replace(ext, flags=ext.flags & ~HOT)})
 
     async def fetch(self, ino: int, idx: int, for_write: bool = False,
-                    around: bool = True) -> bytes:
+                    around: bool = True, wanted=None, bytes_only: bool = False) -> bytes:
         """Bring one extent hot from the bucket (single-flight) and return its bytes.
         A fetch for a write always installs the extent (waiting for room); a
         fetch for a read may be served uncached when the cache policy says so, and
-        (around) brings the cold neighbours packed next to it along."""
+        (around) brings the cold neighbours packed next to it along. With `wanted`
+        (inode -> bool: files asked for next) the neighbours are the wanted extents
+        packed next to it instead. It returns once the extent is installed (or the
+        policy declined it); bytes_only (a read) returns as soon as the bytes are
+        verified, though they may be a neighbour's that are still being installed."""
         while True:
             try:
-                return await self._fetch_once(ino, idx, for_write, around)
+                return await self._fetch_once(ino, idx, for_write, around, wanted, bytes_only)
             except _Moved:
                 # Rewritten and uploaded, or compacted, during the GET: the old object
                 # may be gone already. What the record says now is what to read.
                 self.stats.inc("fetch_retried")
 
-    async def _fetch_once(self, ino: int, idx: int, for_write: bool, around: bool) -> bytes:
+    async def _fetch_once(self, ino: int, idx: int, for_write: bool, around: bool,
+                          wanted, bytes_only: bool) -> bytes:
         key = (ino, idx)
         while True:
             _node, exts = self.meta.get_extents(ino, idx, idx)
@@ -350,33 +375,49 @@ class Engine:
                 # None on the way, or an older version (this one was rewritten and
                 # uploaded since that GET began): this version needs a GET of its own.
                 break
+            if bytes_only and not for_write:
+                await pending.ready.wait()
+                if pending.data is not None:
+                    return pending.data  # a reader needs the bytes, not a re-read of the file
             await pending.done.wait()
             if pending.data is not None and not for_write:
-                return pending.data  # a reader needs the bytes, not a re-read of the file
+                return pending.data  # installed, or declined by the cache policy
         shared = pending is None  # readers of this version may wait for this GET
         pending = _Fetch(ext)
         if shared:
             self._fetching[key] = pending
-        around = self._neighbours(key, ext) if around and shared and not for_write else []
+        if not shared:
+            around = []
+        elif wanted is not None:
+            around = self._wanted_neighbours(key, ext, wanted)
+        else:
+            around = self._neighbours(key, ext) if around and not for_write else []
+        self._neighbour_bytes += sum(nx.obj_len for _k, nx, _p in around)
+        more = []
         try:
             data, more = await self._get_around(ext, ino, idx, around)
             pending.data = data
-            try:
-                await self._keep(ino, idx, ext, data, for_write)
-            finally:
-                if more:  # after this extent: its reader is waiting for it
-                    await self._install_around(more)
+            pending.ready.set()
+            await self._keep(ino, idx, ext, data, for_write)
             return data
         finally:
             if self._fetching.get(key) is pending:
                 del self._fetching[key]
-            pending.done.set()
-            for nkey, _next, npending in around:  # neighbours that did not verify, too
-                if self._fetching.get(nkey) is npending:
-                    del self._fetching[nkey]
-                    npending.done.set()
-            if around and self.space is not None:
-                self.space.release(sum(nx.obj_len for _k, nx, _p in around))
+            pending.finish()
+            installing = {nkey for nkey, _nx, _p, _piece in more}
+            for nkey, nx, npending in around:  # neighbours that did not verify
+                if nkey not in installing:
+                    if self._fetching.get(nkey) is npending:
+                        del self._fetching[nkey]
+                    npending.finish()
+                    self._neighbour_bytes -= nx.obj_len
+                    if self.space is not None:
+                        self.space.release(nx.obj_len)
+            if more:  # their readers have the bytes already: install after this reader's
+                try:
+                    self.nursery.start_soon(self._install_around, more)
+                except (AttributeError, RuntimeError):  # no background tasks (any more)
+                    await self._install_around(more)
 
     def _moved(self, ino: int, idx: int, ext: Extent) -> bool:
         """Whether the extent's record is no longer `ext` (rewritten, compacted...)."""
@@ -413,6 +454,7 @@ class Engine:
         and one GET then serves many. Each is registered as being fetched (readers of
         it wait for this GET) and its room reserved."""
         if (self.space is None or not self.read_around or ext.dirty
+                or self._neighbour_bytes + self.read_around > NEIGHBOURS_IN_MEMORY
                 or self.meta.pack(ext.obj_id) is None):
             return []
         lo = max(0, ext.obj_off - self.read_around // 2)
@@ -439,6 +481,67 @@ class Engine:
             around.append((nkey, nx, pending))
         return around
 
+    def _wanted_neighbours(self, key: Key, ext: Extent, wanted) -> list:
+        """The run of cold extents of wanted files packed right after and before `ext`
+        (up to WANTED_GAP bytes between two of them read along: dead, unwanted, hot or
+        already on their way), up to WANTED_SPAN bytes
+        and what is left of NEIGHBOURS_IN_MEMORY, while the hot tier has room for them
+        without evicting. Registered and reserved as _neighbours() does."""
+        budget = min(WANTED_SPAN, NEIGHBOURS_IN_MEMORY - self._neighbour_bytes) - ext.obj_len
+        if (self.space is None or budget <= 0 or ext.dirty
+                or self.meta.pack(ext.obj_id) is None):
+            return []
+        refs = self.meta.pack_refs(ext.obj_id, max(0, ext.obj_off - budget),
+                                   ext.obj_off + ext.obj_len + budget)
+        at = next((i for i, r in enumerate(refs) if r.offset == ext.obj_off), None)
+        if at is None:
+            return []
+
+        def usable(ref) -> Extent | None:
+            nkey = (ref.ino, ref.index)
+            if nkey == key or nkey in self._fetching or nkey in self.index.sizes:
+                return None
+            if not wanted(ref.ino):
+                return None
+            try:
+                nx = self.meta.get_extents(ref.ino, ref.index, ref.index)[1].get(ref.index)
+            except FsError:
+                return None
+            if nx is None or nx.hot or nx.dirty or nx.ref != (ext.obj_id, ref.offset, ref.length):
+                return None
+            return nx
+
+        limit = budget + ext.obj_len  # of the whole span, from its first byte to its last
+        picked, lo, hi = [], ext.obj_off, ext.obj_off + ext.obj_len
+        # Forward first (packs hold files in creation order), then backward. A piece not
+        # wanted, or hot or on its way already, is read over if it is short.
+        for ref in refs[at + 1:]:
+            if ref.offset + ref.length - lo > limit or len(picked) >= WANTED_SPAN_EXTENTS:
+                break
+            nx = usable(ref) if ref.offset - hi <= WANTED_GAP else None
+            if nx is not None:
+                picked.append(((ref.ino, ref.index), nx))
+                hi = ref.offset + ref.length
+            elif ref.offset + ref.length - hi > WANTED_GAP:
+                break
+        for ref in reversed(refs[:at]):
+            if hi - ref.offset > limit or len(picked) >= WANTED_SPAN_EXTENTS:
+                break
+            nx = usable(ref) if lo - (ref.offset + ref.length) <= WANTED_GAP else None
+            if nx is not None:
+                picked.append(((ref.ino, ref.index), nx))
+                lo = ref.offset
+            elif lo - ref.offset > WANTED_GAP:
+                break
+        total = sum(nx.obj_len for _k, nx in picked)
+        if not picked or not self.space.admit_without_evicting(total):
+            return []
+        around = []
+        for nkey, nx in picked:
+            pending = self._fetching[nkey] = _Fetch(nx)
+            around.append((nkey, nx, pending))
+        return around
+
     async def _get_around(self, ext: Extent, ino: int, idx: int, around: list):
         """The bytes of `ext` (verified), and [(key, record, pending, bytes)] of the
         neighbours that verified, from one ranged GET over all of them."""
@@ -461,6 +564,7 @@ class Engine:
             piece = blob[nx.obj_off - lo:nx.obj_off - lo + nx.obj_len]
             if object_matches(piece, nx.obj_len, nx.checksum):
                 pending.data = piece
+                pending.ready.set()  # its readers need not wait for the install
                 more.append((nkey, nx, pending, piece))
             # else: left cold; its own read fetches (and reports) it
         return data, more
@@ -468,19 +572,37 @@ class Engine:
     async def _install_around(self, more: list) -> None:
         """Install the neighbours a read-around fetched: their temp files written in one
         thread hop, their records set in one transaction (a neighbour each would cost
-        more than its GET saved)."""
+        more than its GET saved). Runs after the reader that fetched them has its bytes;
+        a failure only leaves them cold."""
         def write_all() -> list[str]:
-            return [self.hot.write_temp(nino, nidx, piece)
-                    for (nino, nidx), _nx, _p, piece in more]
+            temps = []
+            try:
+                for (nino, nidx), _nx, _p, piece in more:
+                    temps.append(self.hot.write_temp(nino, nidx, piece))
+            except BaseException:
+                for tmp in temps:
+                    self.hot.discard_temp(tmp)
+                raise
+            return temps
 
-        temps = await trio.to_thread.run_sync(write_all, limiter=self.io_limiter)
-        self._install_many([(key, nx, tmp, len(piece))
-                            for (key, nx, _p, piece), tmp in zip(more, temps)])
-        self.stats.inc("read_around_extents", len(more))
-        for key, _nx, pending, _piece in more:
-            if self._fetching.get(key) is pending:
-                del self._fetching[key]
-                pending.done.set()
+        try:
+            temps = await trio.to_thread.run_sync(write_all, limiter=self.io_limiter)
+            self._install_many([(key, nx, tmp, len(piece))
+                                for (key, nx, _p, piece), tmp in zip(more, temps)])
+            self.stats.inc("read_around_extents", len(more))
+        except OSError as e:  # a full or failing hot tier: they stay in the bucket
+            log.warning("installing %d fetched neighbours failed: %s", len(more), e)
+        except Exception:  # in the background: never take the mount down
+            log.exception("installing %d fetched neighbours failed", len(more))
+        finally:
+            for key, _nx, pending, _piece in more:
+                if self._fetching.get(key) is pending:
+                    del self._fetching[key]
+                pending.finish()
+            nbytes = sum(nx.obj_len for _k, nx, _p, _piece in more)
+            self._neighbour_bytes -= nbytes
+            if self.space is not None:
+                self.space.release(nbytes)
 
     def _install_many(self, items: list) -> None:
         """_install() of [(key, record fetched, temp file, size)], in one transaction."""

@@ -1,5 +1,14 @@
-"""Prefetch of hinted files: a queue worked through in order, many files at a
-time, ahead of the data loader that sent the hints."""
+"""Prefetch of hinted files: a queue worked through in order, ahead of the data loader
+that sent the hints.
+
+Each fetch also brings the hinted files packed right next to the one it is for (one
+ranged GET of up to 8 MiB instead of one per file), so a random epoch order over
+packed small files costs a few GETs per pack. The number of files fetched at once
+adapts: it starts at MIN_DEPTH and grows by one each time the loader has to wait for
+the bucket for a file still in the queue (the prefetch is behind), up to MAX_DEPTH;
+a failing bucket halves it. Named files follow the cache policy (no-replace: only
+while there is room); the neighbours read along only fill free room.
+"""
 from __future__ import annotations
 
 import collections
@@ -12,43 +21,87 @@ from . import actions
 
 log = logging.getLogger(__name__)
 
+MIN_DEPTH = 4
+MAX_DEPTH = 32
+
 
 class HintQueue:
-    # More files in flight than a data loader's workers read at once: that is
-    # what hints buy against a bucket's latency.
-    def __init__(self, engine, parallel: int = 32):
+    def __init__(self, engine, max_depth: int = MAX_DEPTH):
         self.engine = engine
-        self.parallel = parallel
+        self.max_depth = max_depth
+        self.depth = min(MIN_DEPTH, max_depth)
         self.queue: collections.deque[int] = collections.deque()
+        self.pending: collections.Counter[int] = collections.Counter()  # queued or in flight
+        self._running = 0
         self._wake = trio.Event()
+        self._room = trio.Event()
         self.done = 0
+        engine.on_miss = self.loader_waited
 
     def add(self, inos: list[int], replace: bool) -> None:
         if replace:
+            for ino in self.queue:
+                self._forget(ino)
             self.queue.clear()
         self.queue.extend(inos)
+        self.pending.update(inos)
         self._wake.set()
 
+    def wanted(self, ino: int) -> bool:
+        return ino in self.pending
+
+    def loader_waited(self, ino: int) -> None:
+        """A read missed the hot tier: if its file is still hinted, prefetch is behind."""
+        if ino in self.pending and self.depth < self.max_depth:
+            self.depth += 1
+            self.engine.stats.inc("hint_depth_raised")
+            self._room.set()
+
+    def _forget(self, ino: int) -> None:
+        self.pending[ino] -= 1
+        if self.pending[ino] <= 0:
+            del self.pending[ino]
+
     async def run(self) -> None:
-        limiter = trio.Semaphore(self.parallel)  # released by the task it hands off to
         async with trio.open_nursery() as nursery:
             while True:
                 if not self.queue:
                     self._wake = trio.Event()
                     await self._wake.wait()
                     continue
-                await limiter.acquire()
-                if not self.queue:
-                    limiter.release()
+                if self._running >= self.depth:
+                    self._room = trio.Event()
+                    await self._room.wait()
                     continue
-                nursery.start_soon(self._one, self.queue.popleft(), limiter)
+                ino = self.queue.popleft()
+                if self._all_hot(ino):  # fetched along with a neighbour meanwhile
+                    self._forget(ino)
+                    self.done += 1
+                    self.engine.stats.inc("hinted_files")
+                    continue
+                self._running += 1
+                nursery.start_soon(self._one, ino)
 
-    async def _one(self, ino: int, limiter) -> None:
+    def _all_hot(self, ino: int) -> bool:
         try:
-            await actions.prefetch(self.engine, ino, parallel=1, for_write=False)
+            return all(ext.hot for ext in self.engine.meta.all_extents(ino).values())
+        except TierfsError:
+            return True  # gone: nothing to fetch
+
+    async def _one(self, ino: int) -> None:
+        try:
+            await actions.prefetch(self.engine, ino, parallel=1, for_write=False,
+                                   wanted=self.wanted)
             self.done += 1
             self.engine.stats.inc("hinted_files")
         except TierfsError as e:
+            self.depth = max(MIN_DEPTH // 2, self.depth // 2)  # a failing bucket: back off
+            self.engine.stats.inc("hinted_failed")
             log.debug("hinted prefetch of inode %d failed: %s", ino, e)
+        except Exception:  # a hint is an optimisation: it never takes the mount down
+            self.engine.stats.inc("hinted_failed")
+            log.exception("hinted prefetch of inode %d failed", ino)
         finally:
-            limiter.release()
+            self._forget(ino)
+            self._running -= 1
+            self._room.set()
