@@ -169,9 +169,13 @@ class HotStore:
         install_temp() or discard_temp() it afterwards. Temp files never collide:
         two fetches of one extent may overlap (one for a stale record)."""
         path = self.path(ino, idx)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.tmp{os.getpid()}-{next(self._temp_ids)}"
-        with open(tmp, "wb") as f:
+        try:  # the directory is there but for the first extent in it: no stat per extent
+            f = open(tmp, "wb")
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            f = open(tmp, "wb")
+        with f:
             f.write(data)
         return tmp
 
