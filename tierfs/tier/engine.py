@@ -459,24 +459,38 @@ class Engine:
             return []
         lo = max(0, ext.obj_off - self.read_around // 2)
         refs = self.meta.pack_refs(ext.obj_id, lo, ext.obj_off + ext.obj_len + self.read_around // 2)
-        out, total = [], 0
         refs.sort(key=lambda r: abs(r.offset - ext.obj_off))  # the nearest ones
+        picked = []
         for ref in refs[:READ_AROUND_EXTENTS]:
-            nkey = (ref.ino, ref.index)
-            if nkey == key or nkey in self._fetching or nkey in self.index.sizes:
-                continue
-            try:
-                nx = self.meta.get_extents(ref.ino, ref.index, ref.index)[1].get(ref.index)
-            except FsError:
-                continue
-            if nx is None or nx.hot or nx.dirty or nx.ref != (ext.obj_id, ref.offset, ref.length):
-                continue
-            out.append((nkey, nx, total))
-            total += ref.length
-        if not out or not self.space.admit_without_evicting(total):
+            nx = self._cold_piece(key, ext, ref)
+            if nx is not None:
+                picked.append(((ref.ino, ref.index), nx))
+        return self._register(picked)
+
+    def _cold_piece(self, key: Key, ext: Extent, ref) -> Extent | None:
+        """The record of the extent that `ref` (into ext's pack) names, if it can be
+        fetched along with `ext`: another extent, cold, clean, not on its way already,
+        and its record still pointing there."""
+        nkey = (ref.ino, ref.index)
+        if nkey == key or nkey in self._fetching or nkey in self.index.sizes:
+            return None
+        try:
+            nx = self.meta.get_extents(ref.ino, ref.index, ref.index)[1].get(ref.index)
+        except FsError:
+            return None
+        if nx is None or nx.hot or nx.dirty or nx.ref != (ext.obj_id, ref.offset, ref.length):
+            return None
+        return nx
+
+    def _register(self, picked: list) -> list:
+        """[(key, record)] picked to fetch along: if the hot tier has room for all of them
+        without evicting, reserve it and register each as being fetched (its readers wait
+        for this GET); [(key, record, _Fetch)], or [] when there is no room."""
+        if not picked or not self.space.admit_without_evicting(
+                sum(nx.obj_len for _k, nx in picked)):
             return []
         around = []
-        for nkey, nx, _at in out:
+        for nkey, nx in picked:
             pending = self._fetching[nkey] = _Fetch(nx)
             around.append((nkey, nx, pending))
         return around
@@ -486,7 +500,7 @@ class Engine:
         (up to WANTED_GAP bytes between two of them read along: dead, unwanted, hot or
         already on their way), up to WANTED_SPAN bytes
         and what is left of NEIGHBOURS_IN_MEMORY, while the hot tier has room for them
-        without evicting. Registered and reserved as _neighbours() does."""
+        without evicting."""
         budget = min(WANTED_SPAN, NEIGHBOURS_IN_MEMORY - self._neighbour_bytes) - ext.obj_len
         if (self.space is None or budget <= 0 or ext.dirty
                 or self.meta.pack(ext.obj_id) is None):
@@ -498,18 +512,7 @@ class Engine:
             return []
 
         def usable(ref) -> Extent | None:
-            nkey = (ref.ino, ref.index)
-            if nkey == key or nkey in self._fetching or nkey in self.index.sizes:
-                return None
-            if not wanted(ref.ino):
-                return None
-            try:
-                nx = self.meta.get_extents(ref.ino, ref.index, ref.index)[1].get(ref.index)
-            except FsError:
-                return None
-            if nx is None or nx.hot or nx.dirty or nx.ref != (ext.obj_id, ref.offset, ref.length):
-                return None
-            return nx
+            return self._cold_piece(key, ext, ref) if wanted(ref.ino) else None
 
         limit = budget + ext.obj_len  # of the whole span, from its first byte to its last
         picked, lo, hi = [], ext.obj_off, ext.obj_off + ext.obj_len
@@ -533,14 +536,7 @@ class Engine:
                 lo = ref.offset
             elif lo - ref.offset > WANTED_GAP:
                 break
-        total = sum(nx.obj_len for _k, nx in picked)
-        if not picked or not self.space.admit_without_evicting(total):
-            return []
-        around = []
-        for nkey, nx in picked:
-            pending = self._fetching[nkey] = _Fetch(nx)
-            around.append((nkey, nx, pending))
-        return around
+        return self._register(picked)
 
     async def _get_around(self, ext: Extent, ino: int, idx: int, around: list):
         """The bytes of `ext` (verified), and [(key, record, pending, bytes)] of the
