@@ -397,7 +397,8 @@ class Engine:
         try:
             data, more = await self._get_around(ext, ino, idx, around)
             pending.data = data
-            pending.ready.set()
+            # Its readers wait for the install, as its own reader does (a read of it
+            # leaves it hot); only neighbours' readers take their bytes before.
             await self._keep(ino, idx, ext, data, for_write)
             return data
         finally:
