@@ -1,8 +1,8 @@
 # Two images from one file:
 #
 # Test image (the default, last stage): tierfs with its test dependencies; runs the whole
-# pytest suite inside the container (real FUSE mounts, and a moto S3 server that the tests
-# start on 127.0.0.1).
+# pytest suite inside the container (real FUSE mounts, a moto S3 server that the tests
+# start on 127.0.0.1, and a PostgreSQL server they start on a Unix socket).
 #
 #   docker build -t tierfs-test .
 #   docker run --rm --device /dev/fuse --cap-add SYS_ADMIN tierfs-test
@@ -99,7 +99,10 @@ CMD ["tierfs", "--help"]
 # ---- test (default): the build stage plus the test tools, the tests and an editable tierfs --
 FROM build AS test
 WORKDIR /src
-RUN pip install -q -e '.[test]' && python -c 'import moto, pytest, tierfs; print("tierfs", tierfs.__version__)'
+# PostgreSQL's server for the metadata engine tests (they start it as the postgres user).
+RUN set -eux; apt-get update -qq; apt-get install -y -qq --no-install-recommends postgresql; \
+    rm -rf /var/lib/apt/lists/*
+RUN pip install -q -e '.[test]' && python -c 'import moto, psycopg, psycopg_pool, pytest, tierfs; print("tierfs", tierfs.__version__)'
 COPY tests ./tests
 COPY scripts ./scripts
 COPY docs ./docs

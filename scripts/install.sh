@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install what tierfs needs on Debian/Ubuntu (as root; no sudo needed): FUSE 3, a compiler
-# for pyfuse3, a virtual environment in .venv with tierfs and its test tools, and the links
+# for pyfuse3, PostgreSQL's server (the tests of the PostgreSQL metadata engine start one),
+# a virtual environment in .venv with tierfs and its test tools, and the links
 # /usr/local/bin/tierfs and /usr/local/bin/mount.fuse.tierfs to its entry points.
 #
 # Runs again only what is missing: apt only when a tool is absent, pip only when the venv is
@@ -26,10 +27,13 @@ for bin in fusermount3 pkg-config gcc strace python3; do
 done
 [ -f /usr/include/fuse3/fuse_lowlevel.h ] || need_apt=1
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need_apt=1
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need_apt=1
+id postgres >/dev/null 2>&1 || need_apt=1
 if [ "$need_apt" = 1 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv attr strace >/dev/null
+  apt-get install -y -qq fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv attr strace \
+    postgresql >/dev/null
 fi
 
 stamp=.venv/.tierfs-install-stamp
@@ -38,7 +42,7 @@ want=$( { cat pyproject.toml scripts/install.sh; python3 -VV; } | sha256sum | cu
 venv_ok() {  # the venv runs, imports everything, and its tierfs is this checkout's
   .venv/bin/python -I - "$repo" >/dev/null 2>&1 <<'PY' || return 1  # -I: not from the cwd
 import os, sys
-import boto3, fsspec, lmdb, moto, prometheus_client, pyfuse3, pytest, trio, xxhash  # noqa: F401
+import boto3, fsspec, lmdb, moto, prometheus_client, psycopg, psycopg_pool, pyfuse3, pytest, trio, xxhash  # noqa: F401
 import tierfs
 sys.exit(os.path.dirname(os.path.realpath(tierfs.__file__)) != os.path.join(os.path.realpath(sys.argv[1]), "tierfs"))
 PY

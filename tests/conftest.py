@@ -11,6 +11,7 @@ from tests.harness import (SESSION_ENV, Mount, _gone, mounts, stop_daemon, sweep
                            tierfs_daemons, wait_until)
 from tierfs.mountpoint import unmount_lazy
 from tests.moto_server import make_bucket, moto_server, s3_env
+from tests.pg_server import pg_server
 
 
 def pytest_configure(config):
@@ -76,6 +77,13 @@ def pytest_collection_modifyitems(config, items):
 def s3_endpoint():
     with moto_server() as endpoint:
         yield endpoint
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A PostgreSQL server for the session (started on first use, stopped at the end)."""
+    with pg_server() as server:
+        yield server
 
 
 @pytest.fixture

@@ -243,12 +243,9 @@ class Control:
                 "uploads_queued": max(0, len(up.in_flight) - running)}
 
     async def scan_in_thread(self, fn):
-        """A whole-database read off the event loop (the map must not grow meanwhile)."""
-        self.meta.thread_readers += 1
-        try:
+        """A whole-database read off the event loop."""
+        with self.meta.reading_in_thread():
             return await trio.to_thread.run_sync(fn)
-        finally:
-            self.meta.thread_readers -= 1
 
     async def cmd_sync(self, req, reply):
         inos = set(req["inos"]) if req.get("inos") is not None else None

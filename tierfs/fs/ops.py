@@ -13,7 +13,6 @@ import os
 import stat
 import time
 
-import lmdb
 import pyfuse3
 import trio
 
@@ -53,9 +52,6 @@ def _guard(fn):
             raise
         except FsError as e:
             raise pyfuse3.FUSEError(e.errno) from None
-        except lmdb.MapFullError:
-            log.error("metadata database is full: returning ENOSPC")
-            raise pyfuse3.FUSEError(errno.ENOSPC) from None
         except TierfsError as e:
             log.error("%s failed: %s", fn.__name__, e)
             raise pyfuse3.FUSEError(e.errno) from None

@@ -5,18 +5,13 @@ from __future__ import annotations
 from typing import Iterator
 
 from . import schema as s
+from .kv import prefix_end
 from .schema import Extent, Inode, Pack, Ref
 
 
 def _scan(store, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-    with store.env.begin(buffers=False) as txn:
-        cur = txn.cursor()
-        if not cur.set_range(prefix):
-            return
-        for key, val in cur:
-            if not key.startswith(prefix):
-                return
-            yield key, val
+    with store.kv.read() as txn:
+        yield from store.kv.scan(txn, prefix, prefix_end(prefix))
 
 
 def inodes(store) -> Iterator[Inode]:

@@ -1,8 +1,12 @@
-"""LMDB-backed metadata store: namespace, attributes, extent maps, xattrs.
+"""The metadata store: namespace, attributes, extent maps, xattrs, the object
+table and the gc queue, as semantic operations over an ordered key-value engine
+(kv.py: LMDB on one node, PostgreSQL shared by many).
 
-Every public method runs in its own short transaction and never awaits, so it
-is safe to call from the trio thread; writers are serialised by that thread.
-Errors are FsError with the errno the kernel should see.
+Every public method runs in its own short transaction and never awaits. Writes
+go through `_transaction`, which lets the engine run the whole method again
+when the attempt may be retried (a grown LMDB map, a PostgreSQL serialization
+failure), so a method's body must be safe to run twice. Errors are FsError with
+the errno the kernel should see.
 """
 from __future__ import annotations
 
@@ -13,29 +17,31 @@ import stat
 import time
 from typing import Callable, Iterable
 
-import lmdb
-
-from ..errors import FsError, UserError
+from ..errors import FsError
 from . import schema as s
+from .kv import is_postgres_url, prefix_end
+from .lmdb_kv import DEFAULT_MAP_SIZE, MAX_MAP_SIZE, LmdbKV
 from .schema import Extent, Inode, Pack, Ref, Superblock
 
 NAME_MAX = 255
-DEFAULT_MAP_SIZE = 1 << 36  # 64 GiB of address space; the file grows as used
-MAX_MAP_SIZE = 1 << 40      # growth stops here (then ENOSPC)
 
 
-def _grows_when_full(method):
-    """Retry a write transaction once after growing a full LMDB map; if the map
-    cannot grow (at its limit, or a checkpoint copy is reading), MapFullError
-    goes up and the adapter answers ENOSPC."""
+def _transaction(method):
+    """A write: the engine may run it again (see the module's doc)."""
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
-        try:
-            return method(self, *args, **kwargs)
-        except lmdb.MapFullError:
-            if not self.grow():
-                raise
-            return method(self, *args, **kwargs)
+        return self.kv.run(lambda: method(self, *args, **kwargs))
+    return wrapper
+
+
+def _reads(method):
+    """A read: only an engine that can fail a read for a while (a database server
+    restarting) runs it again; LMDB calls it directly."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        if self.kv.shared:
+            return self.kv.run(lambda: method(self, *args, **kwargs))
+        return method(self, *args, **kwargs)
     return wrapper
 
 
@@ -43,23 +49,22 @@ def now_ns() -> int:
     return time.time_ns()
 
 
+def open_engine(location: str, *, map_size: int = DEFAULT_MAP_SIZE,
+                max_map_size: int = MAX_MAP_SIZE, wait: float = 60.0):
+    """The key-value engine for a location: a postgresql:// URL or an LMDB directory."""
+    if is_postgres_url(location):
+        from .postgres_kv import PostgresKV  # psycopg only where it is used
+        return PostgresKV(location, wait=wait)
+    return LmdbKV(location, map_size=map_size, max_map_size=max_map_size)
+
+
 class MetaStore:
-    def __init__(self, path: str, map_size: int = DEFAULT_MAP_SIZE,
+    def __init__(self, location, map_size: int = DEFAULT_MAP_SIZE,
                  max_map_size: int = MAX_MAP_SIZE):
-        os.makedirs(path, exist_ok=True)
-        try:
-            # sync=False: commits reach the OS page cache (survive kill -9);
-            # fsync() and checkpoints call sync() to make them survive power loss.
-            self.env = lmdb.open(path, map_size=map_size, subdir=True, sync=False,
-                                 metasync=False, max_dbs=0, readahead=False)
-        except lmdb.Error as e:
-            raise UserError(f"cannot open metadata database in {path}: {e}") from None
-        self.map_size = self.env.info()["map_size"]
-        self.max_map_size = max(max_map_size, self.map_size)
-        self.thread_readers = 0  # read transactions in worker threads: the map must not move
-        with self.env.begin() as txn:
-            raw = txn.get(s.counter_key(b"epoch"))
-        self.epoch = s.read_u64(raw) if raw else 0  # last checkpoint sequence begun
+        """`location`: an engine (kv.py), a postgresql:// URL or an LMDB directory."""
+        self.kv = location if not isinstance(location, str) else open_engine(
+            location, map_size=map_size, max_map_size=max_map_size)
+        self.epoch = self.peek_counter(b"epoch")  # last checkpoint sequence begun
         # Objects first referenced in this epoch after its checkpoint copy was taken:
         # no checkpoint can hold them, so once dropped they may go at once. In memory
         # only: after a restart every object waits for the checkpoints (safe side).
@@ -68,38 +73,41 @@ class MetaStore:
 
     # ---- lifecycle ------------------------------------------------------------
     def close(self) -> None:
-        self.env.sync(True)
-        self.env.close()
-
-    def grow(self) -> bool:
-        """Double the map (no transaction may be open in this process)."""
-        if self.thread_readers or self.map_size >= self.max_map_size:
-            return False
-        self.map_size = min(self.map_size * 2, self.max_map_size)
-        self.env.set_mapsize(self.map_size)
-        return True
+        self.kv.close()
 
     def sync(self) -> None:
-        """Flush committed transactions to disk (blocking: call from a thread)."""
-        self.env.sync(True)
+        """Make committed transactions survive power loss (blocking: call from a thread)."""
+        self.kv.sync()
+
+    def reading_in_thread(self):
+        """Wrap a worker thread's whole-database reads (LMDB: the map must not move)."""
+        return self.kv.reading_in_thread()
 
     def _write(self):
-        return self.env.begin(write=True)
+        return self.kv.write()
 
     def _read(self):
-        return self.env.begin(buffers=False)
+        return self.kv.read()
 
+    def _scan(self, txn, prefix: bytes, start: bytes | None = None, values: bool = True):
+        """(key, value) of the keys starting with `prefix`, from `start` on, in order."""
+        return self.kv.scan(txn, start or prefix, prefix_end(prefix), values)
+
+    def _any(self, txn, prefix: bytes) -> bool:
+        return next(iter(self._scan(txn, prefix, values=False)), None) is not None
+
+    @_reads
     def superblock(self) -> Superblock | None:
         with self._read() as txn:
             raw = txn.get(s.SUPERBLOCK_KEY)
         return Superblock.decode(raw) if raw else None
 
-    @_grows_when_full
+    @_transaction
     def put_superblock(self, sb: Superblock) -> None:
         with self._write() as txn:
             txn.put(s.SUPERBLOCK_KEY, sb.encode())
 
-    @_grows_when_full
+    @_transaction
     def format(self, sb: Superblock, uid: int, gid: int) -> None:
         """Create an empty filesystem: superblock, counters and the root directory."""
         t = now_ns()
@@ -117,7 +125,7 @@ class MetaStore:
         txn.put(s.counter_key(name), s.u64(value + 1))
         return value
 
-    @_grows_when_full
+    @_transaction
     def next_object_id(self) -> int:
         """A fresh object id, recorded as an upload intent until the upload ends."""
         with self._write() as txn:
@@ -125,7 +133,7 @@ class MetaStore:
             txn.put(s.intent_key(obj_id), b"")
             return obj_id
 
-    @_grows_when_full
+    @_transaction
     def raise_counter(self, name: bytes, at_least: int) -> None:
         with self._write() as txn:
             raw = txn.get(s.counter_key(name))
@@ -136,18 +144,20 @@ class MetaStore:
         self.raise_counter(b"epoch", at_least)
         self.epoch = max(self.epoch, at_least)
 
+    @_reads
     def peek_counter(self, name: bytes) -> int:
         with self._read() as txn:
             raw = txn.get(s.counter_key(name))
         return s.read_u64(raw) if raw else 0
 
-    @_grows_when_full
+    @_transaction
     def begin_epoch(self) -> int:
         """Start checkpoint epoch N+1: objects dropped from now on may be in it, and
         so may objects referenced until copy_taken() says its copy is done."""
         with self._write() as txn:
-            self.epoch += 1
-            txn.put(s.counter_key(b"epoch"), s.u64(self.epoch))
+            epoch = self.epoch + 1  # assigned after the commit: the body may run twice
+            txn.put(s.counter_key(b"epoch"), s.u64(epoch))
+        self.epoch = epoch
         self._fresh.clear()
         self._copying = True
         return self.epoch
@@ -172,9 +182,7 @@ class MetaStore:
                     return  # dropped before
                 pack = Pack.decode(raw)
                 pack.live = max(0, pack.live - size)
-                cur = txn.cursor()
-                prefix = s.ref_prefix(obj_id)
-                if cur.set_range(prefix) and cur.key().startswith(prefix):
+                if self._any(txn, s.ref_prefix(obj_id)):
                     txn.put(s.pack_key(obj_id), pack.encode())
                     return
                 txn.delete(s.pack_key(obj_id))
@@ -187,19 +195,13 @@ class MetaStore:
         self._fresh.discard(obj_id)
         txn.put(s.gc_key(obj_id), s.u64(0 if now else self.epoch) + s.u64(size))
 
-    @_grows_when_full
+    @_transaction
     def set_pack_refs(self, obj_id: int, refs: list[Ref]) -> None:
         """Make a pack's recorded references exactly `refs` (fsck's repair). With
         none, the pack (if it is one) goes to gc."""
         prefix = s.ref_prefix(obj_id)
         with self._write() as txn:
-            cur = txn.cursor()
-            old = []
-            if cur.set_range(prefix):
-                for key in cur.iternext(keys=True, values=False):
-                    if not key.startswith(prefix):
-                        break
-                    old.append(key)
+            old = [key for key, _ in self._scan(txn, prefix, values=False)]
             for key in old:
                 txn.delete(key)
             raw = txn.get(s.pack_key(obj_id))
@@ -215,29 +217,28 @@ class MetaStore:
             pack.live = sum(r.length for r in refs)
             txn.put(s.pack_key(obj_id), pack.encode())
 
+    @_reads
     def pack(self, obj_id: int) -> Pack | None:
         with self._read() as txn:
             raw = txn.get(s.pack_key(obj_id))
         return Pack.decode(raw) if raw is not None else None
 
+    @_reads
     def pack_refs(self, obj_id: int, start: int = 0, end: int = 1 << 64) -> list[Ref]:
         """The live references into a pack at offsets start <= offset < end, in
         offset order."""
         prefix = s.ref_prefix(obj_id)
         with self._read() as txn:
-            cur = txn.cursor()
             out = []
-            if cur.set_range(s.ref_key(obj_id, start)):
-                for key, val in cur:
-                    if not key.startswith(prefix):
-                        break
-                    ref = Ref.decode(key, val)
-                    if ref.offset >= end:
-                        break
-                    out.append(ref)
+            for key, val in self._scan(txn, prefix, s.ref_key(obj_id, start)):
+                ref = Ref.decode(key, val)
+                if ref.offset >= end:
+                    break
+                out.append(ref)
         return out
 
     # ---- inodes ---------------------------------------------------------------
+    @_reads
     def get_inode(self, ino: int) -> Inode:
         with self._read() as txn:
             raw = txn.get(s.inode_key(ino))
@@ -251,11 +252,12 @@ class MetaStore:
             raise FsError(errno.ENOENT)
         return Inode.decode(ino, raw)
 
-    @_grows_when_full
+    @_transaction
     def put_inode(self, inode: Inode) -> None:
         with self._write() as txn:
             txn.put(s.inode_key(inode.ino), inode.encode())
 
+    @_reads
     def inode_count(self) -> int:
         with self._read() as txn:
             return s.read_u64(txn.get(s.counter_key(b"ino")))
@@ -268,6 +270,7 @@ class MetaStore:
         if not name or b"/" in name or name in (b".", b".."):
             raise FsError(errno.EINVAL)
 
+    @_reads
     def lookup(self, parent: int, name: bytes) -> int:
         if len(name) > NAME_MAX:
             raise FsError(errno.ENAMETOOLONG)
@@ -301,7 +304,7 @@ class MetaStore:
             raise FsError(errno.ENOENT)  # directory was removed while we held it
         return parent
 
-    @_grows_when_full
+    @_transaction
     def create_node(self, parent_ino: int, name: bytes, mode: int, uid: int, gid: int,
                     rdev: int = 0, target: bytes | None = None) -> Inode:
         """Create a file, directory, symlink or special node in one transaction."""
@@ -330,7 +333,7 @@ class MetaStore:
             txn.put(s.inode_key(parent_ino), parent.encode())
         return node
 
-    @_grows_when_full
+    @_transaction
     def link(self, ino: int, parent_ino: int, name: bytes) -> Inode:
         self._check_name(name)
         t = now_ns()
@@ -350,6 +353,7 @@ class MetaStore:
             txn.put(s.inode_key(parent_ino), parent.encode())
         return node
 
+    @_reads
     def readlink(self, ino: int) -> bytes:
         with self._read() as txn:
             target = txn.get(s.symlink_key(ino))
@@ -375,7 +379,7 @@ class MetaStore:
         self._purge(txn, node.ino)
         return True
 
-    @_grows_when_full
+    @_transaction
     def unlink(self, parent_ino: int, name: bytes,
                in_use: Callable[[int], bool]) -> tuple[int, bool]:
         """Remove a non-directory name. Returns (ino, purged)."""
@@ -396,11 +400,9 @@ class MetaStore:
         return node.ino, purged
 
     def _is_empty_dir(self, txn, ino: int) -> bool:
-        cur = txn.cursor()
-        prefix = s.dentry_prefix(ino)
-        return not (cur.set_range(prefix) and cur.key().startswith(prefix))
+        return not self._any(txn, s.dentry_prefix(ino))
 
-    @_grows_when_full
+    @_transaction
     def rmdir(self, parent_ino: int, name: bytes,
               in_use: Callable[[int], bool]) -> tuple[int, bool]:
         if len(name) > NAME_MAX:
@@ -435,7 +437,7 @@ class MetaStore:
                 return False
             ino = self._get(txn, ino).parent
 
-    @_grows_when_full
+    @_transaction
     def rename(self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes,
                flags: int, in_use: Callable[[int], bool],
                noreplace: int, exchange: int) -> tuple[int | None, bool]:
@@ -514,25 +516,31 @@ class MetaStore:
             txn.put(s.inode_key(node.ino), node.encode())
         return None, False
 
+    @_reads
     def readdir(self, ino: int, after_cookie: int, limit: int = 1024) -> list[tuple[int, bytes, int]]:
         """Entries of a directory with cookie > after_cookie: (cookie, name, child ino)."""
         out = []
         prefix = s.cookie_prefix(ino)
+        start = s.cookie_key(ino, max(after_cookie + 1, s.FIRST_COOKIE))
         with self._read() as txn:
-            cur = txn.cursor()
-            if not cur.set_range(s.cookie_key(ino, max(after_cookie + 1, s.FIRST_COOKIE))):
-                return out
-            for key, name in cur:
-                if not key.startswith(prefix) or len(out) >= limit:
+            page = []
+            for key, name in self._scan(txn, prefix, start):
+                if len(page) >= limit:
                     break
-                cookie = s.read_u64(key, 9)
-                child = txn.get(s.dentry_key(ino, name))
+                page.append((s.read_u64(key, 9), name))
+            children = self.kv.get_many(txn, [s.dentry_key(ino, name) for _c, name in page])
+            for (cookie, name), child in zip(page, children):
                 out.append((cookie, name, s.read_u64(child)))
         return out
 
+    @_reads
     def get_inodes(self, inos: Iterable[int]) -> list[Inode]:
+        inos = list(inos)
         with self._read() as txn:
-            return [self._get(txn, i) for i in inos]
+            raws = self.kv.get_many(txn, [s.inode_key(i) for i in inos])
+        if any(raw is None for raw in raws):
+            raise FsError(errno.ENOENT)
+        return [Inode.decode(i, raw) for i, raw in zip(inos, raws)]
 
     # ---- orphans and purge ----------------------------------------------------
     def _purge(self, txn, ino: int) -> None:
@@ -541,21 +549,17 @@ class MetaStore:
         txn.delete(s.symlink_key(ino))
         txn.delete(s.orphan_key(ino))
         for prefix in (s.xattr_prefix(ino), s.extent_prefix(ino)):
-            cur = txn.cursor()
             keys = []
-            if cur.set_range(prefix):
-                for key, val in cur:
-                    if not key.startswith(prefix):
-                        break
-                    keys.append(key)
-                    if prefix[0:1] == b"E":
-                        ext = Extent.decode(val)
-                        if ext.obj_id:
-                            self._drop_object(txn, ext.ref)
+            for key, val in list(self._scan(txn, prefix)):
+                keys.append(key)
+                if prefix[0:1] == b"E":
+                    ext = Extent.decode(val)
+                    if ext.obj_id:
+                        self._drop_object(txn, ext.ref)
             for key in keys:
                 txn.delete(key)
 
-    @_grows_when_full
+    @_transaction
     def purge_orphan(self, ino: int) -> bool:
         """Purge an unlinked inode once nothing uses it. Returns True if purged."""
         with self._write() as txn:
@@ -564,26 +568,21 @@ class MetaStore:
             self._purge(txn, ino)
         return True
 
+    @_reads
     def orphans(self) -> list[int]:
         return [s.read_u64(k, 1) for k in self._keys(b"O")]
 
     def _keys(self, prefix: bytes) -> list[bytes]:
         with self._read() as txn:
-            cur = txn.cursor()
-            out = []
-            if cur.set_range(prefix):
-                for key in cur.iternext(keys=True, values=False):
-                    if not key.startswith(prefix):
-                        break
-                    out.append(key)
-            return out
+            return [key for key, _ in self._scan(txn, prefix, values=False)]
 
     # ---- xattrs ---------------------------------------------------------------
+    @_reads
     def get_xattr(self, ino: int, name: bytes) -> bytes | None:
         with self._read() as txn:
             return txn.get(s.xattr_key(ino, name))
 
-    @_grows_when_full
+    @_transaction
     def set_xattr(self, ino: int, name: bytes, value: bytes, flags: int = 0) -> None:
         with self._write() as txn:
             node = self._get(txn, ino)
@@ -597,23 +596,18 @@ class MetaStore:
             node.ctime_ns = now_ns()
             txn.put(s.inode_key(ino), node.encode())
 
+    @_reads
     def list_xattrs(self, ino: int) -> list[bytes]:
         prefix = s.xattr_prefix(ino)
         return [k[len(prefix):] for k in self._keys(prefix)]
 
+    @_reads
     def xattr_name_exists(self, name: bytes) -> bool:
         """Does any inode carry an xattr of this name? (one scan, at startup)"""
         with self._read() as txn:
-            cur = txn.cursor()
-            if cur.set_range(b"X"):
-                for key in cur.iternext(keys=True, values=False):
-                    if key[:1] != b"X":
-                        break
-                    if key[9:] == name:
-                        return True
-        return False
+            return any(key[9:] == name for key, _ in self._scan(txn, b"X", values=False))
 
-    @_grows_when_full
+    @_transaction
     def remove_xattr(self, ino: int, name: bytes) -> None:
         with self._write() as txn:
             node = self._get(txn, ino)
@@ -623,6 +617,7 @@ class MetaStore:
             txn.put(s.inode_key(ino), node.encode())
 
     # ---- extents --------------------------------------------------------------
+    @_reads
     def get_extents(self, ino: int, first: int, last: int) -> tuple[Inode, dict[int, Extent]]:
         """The inode and its extent records with first <= index <= last."""
         out = {}
@@ -633,32 +628,25 @@ class MetaStore:
                 if raw is not None:
                     out[first] = Extent.decode(raw)
                 return node, out
-            cur = txn.cursor()
-            end = s.extent_key(ino, last)
-            if cur.set_range(s.extent_key(ino, first)):
-                for key, val in cur:
-                    if key > end:
-                        break
-                    out[s.read_u64(key, 9)] = Extent.decode(val)
+            end = s.extent_key(ino, last) + b"\x00"  # just above the last one
+            for key, val in self.kv.scan(txn, s.extent_key(ino, first), end):
+                out[s.read_u64(key, 9)] = Extent.decode(val)
         return node, out
 
+    @_reads
     def extent_indices(self, ino: int) -> list[int]:
         """Indices of the extents a file has records for (keys only: nothing decoded)."""
         out = []
         prefix = s.extent_prefix(ino)
         with self._read() as txn:
-            cur = txn.cursor()
-            if cur.set_range(prefix):
-                for key in cur.iternext(keys=True, values=False):
-                    if key[:9] != prefix:
-                        break
-                    out.append(s.read_u64(key, 9))
+            for key, _ in self._scan(txn, prefix, values=False):
+                out.append(s.read_u64(key, 9))
         return out
 
     def all_extents(self, ino: int) -> dict[int, Extent]:
         return self.get_extents(ino, 0, (1 << 64) - 1)[1]
 
-    @_grows_when_full
+    @_transaction
     def update(self, inode: Inode | None, extents: dict[tuple[int, int], Extent | None] = {},
                gc_objects: Iterable[tuple[int, int, int]] = (), uploaded: Iterable[int] = (),
                unreferenced: Iterable[int] = (),
@@ -691,7 +679,7 @@ class MetaStore:
                 txn.delete(s.intent_key(obj))
                 self._drop_object(txn, obj, referenced=False)
 
-    @_grows_when_full
+    @_transaction
     def put_extent_if(self, ino: int, idx: int, expect: Extent, new: Extent) -> bool:
         """Compare-and-set an extent record (used after an await)."""
         with self._write() as txn:
@@ -701,7 +689,7 @@ class MetaStore:
             txn.put(s.extent_key(ino, idx), new.encode())
             return True
 
-    @_grows_when_full
+    @_transaction
     def put_extents_if(self, items: list) -> list[bool]:
         """put_extent_if() of every ((ino, idx), expect, new), in one transaction;
         whether each was set."""
@@ -715,36 +703,33 @@ class MetaStore:
                 out.append(won)
         return out
 
+    @_reads
     def gc_pending(self, limit: int | None = None) -> list[tuple[int, int]]:
         """(object id, epoch it was dropped in) of objects awaiting deletion."""
         out = []
         with self._read() as txn:
-            cur = txn.cursor()
-            if cur.set_range(b"G"):
-                for key, val in cur:
-                    if key[:1] != b"G" or (limit is not None and len(out) >= limit):
-                        break
-                    out.append((s.read_u64(key, 1), s.read_u64(val) if val else 0))
+            for key, val in self._scan(txn, b"G"):
+                if limit is not None and len(out) >= limit:
+                    break
+                out.append((s.read_u64(key, 1), s.read_u64(val) if val else 0))
         return out
 
+    @_reads
     def gc_backlog(self) -> tuple[int, int]:
         """(objects, bytes known) waiting in the gc table (a full scan: use a thread)."""
         count = size = 0
         with self._read() as txn:
-            cur = txn.cursor()
-            if cur.set_range(b"G"):
-                for key, val in cur:
-                    if key[:1] != b"G":
-                        break
-                    count += 1
-                    if len(val) >= 16:
-                        size += s.read_u64(val, 8)
+            for _key, val in self._scan(txn, b"G"):
+                count += 1
+                if len(val) >= 16:
+                    size += s.read_u64(val, 8)
         return count, size
 
+    @_reads
     def upload_intents(self) -> list[int]:
         return [s.read_u64(k, 1) for k in self._keys(b"U")]
 
-    @_grows_when_full
+    @_transaction
     def abandon_intents(self) -> int:
         """Uploads that never finished (daemon died): their objects, if any, go to gc."""
         ids = self.upload_intents()
@@ -752,14 +737,14 @@ class MetaStore:
             self.update(None, {}, unreferenced=ids)
         return len(ids)
 
-    @_grows_when_full
+    @_transaction
     def delete_raw(self, keys: Iterable[bytes]) -> None:
         """Delete keys as they are (fsck repairs)."""
         with self._write() as txn:
             for key in keys:
                 txn.delete(key)
 
-    @_grows_when_full
+    @_transaction
     def relink(self, ino: int, parent_ino: int, name: bytes) -> None:
         """Give an unreachable inode a name again (fsck: lost+found)."""
         t = now_ns()
@@ -776,7 +761,7 @@ class MetaStore:
             txn.put(s.inode_key(ino), node.encode())
             txn.put(s.inode_key(parent_ino), parent.encode())
 
-    @_grows_when_full
+    @_transaction
     def gc_done(self, obj_ids: Iterable[int]) -> None:
         with self._write() as txn:
             for obj in obj_ids:

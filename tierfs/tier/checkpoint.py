@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import tempfile
 import time
@@ -66,8 +65,7 @@ def snapshot(meta_store, workdir: str) -> bytes:
     """A consistent, compacted copy of the LMDB file (blocking: run in a thread)."""
     tmp = tempfile.mkdtemp(prefix="ckpt-", dir=workdir)
     try:
-        meta_store.env.copy(tmp, compact=True)
-        with open(os.path.join(tmp, "data.mdb"), "rb") as f:
+        with open(meta_store.kv.copy_to(tmp), "rb") as f:
             return f.read()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -113,12 +111,11 @@ class Checkpointer:
             engine = self.engine
             seq = engine.meta.begin_epoch()
             t0 = time.monotonic()
-            engine.meta.thread_readers += 1  # the map must not grow under the copy
             try:
-                db = await trio.to_thread.run_sync(snapshot, engine.meta, self.workdir,
-                                                   limiter=engine.io_limiter)
+                with engine.meta.reading_in_thread():
+                    db = await trio.to_thread.run_sync(snapshot, engine.meta, self.workdir,
+                                                       limiter=engine.io_limiter)
             finally:
-                engine.meta.thread_readers -= 1
                 engine.meta.copy_taken()
             blob = await trio.to_thread.run_sync(pack, seq, db)
             if not await trio.to_thread.run_sync(self.still_ours, abandon_on_cancel=True):

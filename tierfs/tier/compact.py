@@ -85,11 +85,8 @@ class Compactor:
         """Rewrite the deadest packs (as many as fit in one new pack); bytes moved.
         What the records said when picked is checked again when committing."""
         engine = self.engine
-        engine.meta.thread_readers += 1  # the map must not grow under a thread's reads
-        try:
+        with engine.meta.reading_in_thread():
             picked, nbytes = await trio.to_thread.run_sync(self._pick)
-        finally:
-            engine.meta.thread_readers -= 1
         if not picked:
             return 0
         new_id = engine.meta.next_object_id()

@@ -1,0 +1,202 @@
+"""Several stores on one PostgreSQL namespace, as several nodes hold it: each
+operation is one serializable transaction, so concurrent creates, renames and
+unlinks in one directory leave a namespace that some serial order of them
+explains, and two creates of one name give one success and one EEXIST."""
+from __future__ import annotations
+
+import errno
+import random
+import stat
+import threading
+
+import pytest
+
+from tests.pg_server import pg_server
+from tierfs.errors import FsError, UserError
+from tierfs.meta import MetaStore, scan
+from tierfs.meta.store import open_engine
+from tierfs.meta.schema import ROOT_INO, Superblock
+from tierfs.tier.fsck import Fsck
+
+REG = stat.S_IFREG | 0o644
+DIR = stat.S_IFDIR | 0o755
+NODES = 3
+
+
+def never(_ino: int) -> bool:
+    return False
+
+
+@pytest.fixture
+def nodes(postgres):
+    url = postgres.new_schema()
+    first = MetaStore(url)
+    first.format(Superblock(fs_id="shared", extent_size=4 << 20), uid=0, gid=0)
+    stores = [first] + [MetaStore(url) for _ in range(NODES - 1)]
+    yield stores
+    for store in stores:
+        store.close()
+
+
+def run_together(fns) -> list:
+    """Run each fn in its own thread, released at once; their results (or errors)."""
+    start = threading.Barrier(len(fns))
+    results: list = [None] * len(fns)
+
+    def body(i, fn):
+        start.wait()
+        try:
+            results[i] = fn()
+        except FsError as e:
+            results[i] = e
+    threads = [threading.Thread(target=body, args=(i, fn)) for i, fn in enumerate(fns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+        assert not t.is_alive(), "a store operation did not finish within 60 s"
+    return results
+
+
+def namespace_problems(meta) -> list[str]:
+    """fsck's namespace check: entries, cookies, link counts, parents."""
+    check = Fsck(meta, None, None, 4 << 20, repair=False, verify_data=False)
+    check.inodes = {n.ino: n for n in scan.inodes(meta)}
+    check.check_namespace()
+    return [f.problem for f in check.findings]
+
+
+def test_one_name_created_on_three_nodes_at_once_succeeds_once(nodes):
+    for round_ in range(20):
+        name = f"same-{round_}".encode()
+        results = run_together([lambda m=m: m.create_node(ROOT_INO, name, REG, 0, 0)
+                                for m in nodes])
+        won = [r for r in results if not isinstance(r, FsError)]
+        lost = [r for r in results if isinstance(r, FsError)]
+        assert len(won) == 1, results
+        assert [e.errno for e in lost] == [errno.EEXIST] * (NODES - 1)
+        assert all(m.lookup(ROOT_INO, name) == won[0].ino for m in nodes)
+    assert namespace_problems(nodes[0]) == []
+
+
+def test_ids_are_unique_across_nodes(nodes):
+    made = run_together([
+        lambda m=m, i=i: [m.create_node(ROOT_INO, f"n{i}-{k}".encode(), REG, 0, 0).ino
+                          for k in range(30)]
+        for i, m in enumerate(nodes)])
+    inos = [ino for per_node in made for ino in per_node]
+    assert len(set(inos)) == len(inos) == NODES * 30
+    objects = run_together([lambda m=m: [m.next_object_id() for _ in range(30)] for m in nodes])
+    ids = [obj for per_node in objects for obj in per_node]
+    assert len(set(ids)) == len(ids) == NODES * 30
+
+
+def test_concurrent_creates_renames_and_unlinks_in_one_directory(nodes):
+    """Three nodes, two threads each, churning 24 names in one directory. Every
+    operation that succeeded is counted: names created minus names unlinked is
+    what the directory holds (a rename moves a name within it), and the
+    namespace passes fsck's checks."""
+    work = nodes[0].create_node(ROOT_INO, b"work", DIR, 0, 0).ino
+    names = [f"f{i:02d}".encode() for i in range(24)]
+    counts = {"created": 0, "unlinked": 0, "renamed": 0, "refused": 0, "replaced": 0}
+    lock = threading.Lock()
+
+    def churn(meta, seed):
+        rng = random.Random(seed)
+        for _ in range(60):
+            op = rng.choice(("create", "create", "unlink", "rename", "rename_noreplace"))
+            a, b = rng.choice(names), rng.choice(names)
+            try:
+                if op == "create":
+                    meta.create_node(work, a, REG, 0, 0)
+                    key = "created"
+                elif op == "unlink":
+                    meta.unlink(work, a, never)
+                    key = "unlinked"
+                else:
+                    flags = 1 if op == "rename_noreplace" else 0
+                    replaced, _purged = meta.rename(work, a, work, b, flags, never, 1, 2)
+                    key = "renamed"
+                    if replaced is not None:  # the target's name is gone with it
+                        with lock:
+                            counts["replaced"] += 1
+            except FsError as e:
+                assert e.errno in (errno.EEXIST, errno.ENOENT), (op, a, b, e)
+                key = "refused"
+            with lock:
+                counts[key] += 1
+
+    run_together([lambda m=m, seed=seed: churn(m, seed)
+                  for seed, m in enumerate(nodes + nodes)])
+    listed = [name for _c, name, _ino in nodes[1].readdir(work, 0)]
+    assert len(listed) == len(set(listed))
+    assert len(listed) == counts["created"] - counts["unlinked"] - counts["replaced"], counts
+    for name in listed:
+        assert nodes[2].lookup(work, name) == nodes[0].lookup(work, name)
+    assert sum(counts.values()) - counts["replaced"] == 6 * 60
+    assert counts["created"] and counts["unlinked"] and counts["renamed"], counts
+    assert namespace_problems(nodes[0]) == []
+
+
+def test_rename_exchange_across_directories_is_one_step(nodes):
+    a = nodes[0].create_node(ROOT_INO, b"a", DIR, 0, 0)
+    b = nodes[1].create_node(ROOT_INO, b"b", DIR, 0, 0)
+    x = nodes[0].create_node(a.ino, b"x", REG, 0, 0)
+    y = nodes[1].create_node(b.ino, b"y", DIR, 0, 0)
+    # Exchange back and forth from two nodes at once: each is atomic, so after an
+    # even number of them the names are where they started.
+    results = run_together([
+        lambda m=m: [m.rename(a.ino, b"x", b.ino, b"y", 2, never, 1, 2) for _ in range(10)]
+        for m in nodes[:2]])
+    assert not any(isinstance(r, FsError) for r in results), results
+    assert nodes[2].lookup(a.ino, b"x") == x.ino
+    assert nodes[2].lookup(b.ino, b"y") == y.ino
+    assert nodes[2].get_inode(y.ino).parent == b.ino
+    assert namespace_problems(nodes[2]) == []
+
+
+@pytest.fixture
+def own_server():
+    """A server of this test's own, to stop and start (the shared one serves others)."""
+    with pg_server() as server:
+        yield server
+
+
+def test_database_outage_waits_then_eio_and_work_resumes(own_server):
+    url = own_server.new_schema()
+    meta = MetaStore(open_engine(url, wait=2.0))
+    try:
+        meta.format(Superblock(fs_id="outage", extent_size=4 << 20), uid=0, gid=0)
+        kept = meta.create_node(ROOT_INO, b"kept", REG, 0, 0)
+        own_server.stop()
+        # Beyond the bound: EIO, for reads and writes alike (never a traceback).
+        assert err(meta.create_node, ROOT_INO, b"during", REG, 0, 0) == errno.EIO
+        assert err(meta.get_inode, kept.ino) == errno.EIO
+        own_server.start()
+        # Within the bound: a call made while the server is down completes once it is back.
+        meta.kv.wait = 60.0
+        own_server.stop()
+        pending = run_together([lambda: meta.create_node(ROOT_INO, b"after", REG, 0, 0),
+                                own_server.start])
+        assert not isinstance(pending[0], FsError), pending
+        assert meta.lookup(ROOT_INO, b"kept") == kept.ino  # acknowledged before: kept
+        assert meta.lookup(ROOT_INO, b"after") == pending[0].ino
+        assert err(meta.lookup, ROOT_INO, b"during") == errno.ENOENT
+    finally:
+        meta.close()
+
+
+def err(fn, *args) -> int:
+    with pytest.raises(FsError) as info:
+        fn(*args)
+    return info.value.errno
+
+
+def test_an_unreachable_database_is_one_clear_error(tmp_path):
+    url = f"postgresql://postgres@/tierfs?host={tmp_path}"  # no server listens there
+    with pytest.raises(UserError) as info:
+        MetaStore(url)
+    message = str(info.value)
+    assert "cannot use the metadata database postgresql://postgres@" in message
+    assert "check --meta-url and that PostgreSQL is running" in message
+    assert "\n" not in message

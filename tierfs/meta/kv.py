@@ -1,0 +1,43 @@
+"""The ordered key-value engine the metadata store runs on.
+
+The store (store.py) holds every namespace rule and speaks only this small
+interface; an engine holds everything specific to its database. Two engines:
+  lmdb_kv.LmdbKV          LMDB in the node's cache dir (the embedded default)
+  postgres_kv.PostgresKV  one table in a PostgreSQL database (shared by many nodes)
+
+An engine provides:
+  read()                  context manager: a consistent read-only transaction
+  write()                 context manager: a read-write transaction, committed on a
+                          clean exit and rolled back on an exception
+  run(fn)                 call fn() (which opens its own transactions) and run it again
+                          when the engine says the attempt may be retried (LMDB: its map
+                          grew; PostgreSQL: a serialization failure or deadlock)
+  scan(txn, start, end, values=True)
+                          (key, value) pairs with start <= key < end in key order
+                          (value None when values=False)
+  get_many(txn, keys)     the values of many keys (None where missing), in one round trip
+                          where the engine has round trips
+  sync()                  committed transactions survive power loss (blocking)
+  close()
+  reading_in_thread()     context manager around a worker thread's long reads
+A transaction has get(key) -> bytes | None, put(key, value), delete(key) -> bool
+(whether it existed) and pop(key) -> bytes | None.
+
+Keys and values are bytes; keys compare bytewise (schema.py relies on it for
+prefix scans).
+"""
+from __future__ import annotations
+
+KEY_END = b"\xff" * 32  # above every key the schema builds (tags are ASCII letters)
+
+
+def prefix_end(prefix: bytes) -> bytes:
+    """The smallest key above every key starting with `prefix`."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return KEY_END
+    return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
+def is_postgres_url(location: str) -> bool:
+    return location.startswith(("postgresql://", "postgres://"))

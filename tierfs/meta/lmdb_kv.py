@@ -1,0 +1,111 @@
+"""LMDB engine for the metadata store: one environment in the node's cache dir.
+
+Everything LMDB-specific lives here: the environment, map growth, the readers
+in worker threads that pin the map, and the file copy checkpoints take.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+from typing import Iterator
+
+import lmdb
+
+from ..errors import FsError, UserError
+
+log = logging.getLogger("tierfs.meta")
+
+DEFAULT_MAP_SIZE = 1 << 36  # 64 GiB of address space; the file grows as used
+MAX_MAP_SIZE = 1 << 40      # growth stops here (then ENOSPC)
+
+
+class LmdbKV:
+    kind = "lmdb"
+    shared = False  # one node: the lease keeps others out
+
+    def __init__(self, path: str, map_size: int = DEFAULT_MAP_SIZE,
+                 max_map_size: int = MAX_MAP_SIZE):
+        os.makedirs(path, exist_ok=True)
+        self.path = path
+        try:
+            # sync=False: commits reach the OS page cache (survive kill -9);
+            # fsync() and checkpoints call sync() to make them survive power loss.
+            self.env = lmdb.open(path, map_size=map_size, subdir=True, sync=False,
+                                 metasync=False, max_dbs=0, readahead=False)
+        except lmdb.Error as e:
+            raise UserError(f"cannot open metadata database in {path}: {e}") from None
+        self.map_size = self.env.info()["map_size"]
+        self.max_map_size = max(max_map_size, self.map_size)
+        self.thread_readers = 0  # read transactions in worker threads: the map must not move
+
+    def read(self):
+        return self.env.begin(buffers=False)
+
+    def write(self):
+        return self.env.begin(write=True)
+
+    def run(self, fn):
+        """Run a write once more after growing a full map; if the map cannot grow
+        (at its limit, or a worker thread is reading), the caller gets ENOSPC."""
+        try:
+            return fn()
+        except lmdb.MapFullError:
+            if self.grow():
+                try:
+                    return fn()
+                except lmdb.MapFullError:
+                    pass
+        log.error("metadata database is full (%d bytes): returning ENOSPC", self.map_size)
+        raise FsError(errno.ENOSPC)
+
+    def scan(self, txn, start: bytes, end: bytes,
+             values: bool = True) -> Iterator[tuple[bytes, bytes | None]]:
+        cur = txn.cursor()
+        if not cur.set_range(start):
+            return
+        if values:
+            for key, val in cur:
+                if key >= end:
+                    return
+                yield key, val
+        else:
+            for key in cur.iternext(keys=True, values=False):
+                if key >= end:
+                    return
+                yield key, None
+
+    def get_many(self, txn, keys: list[bytes]) -> list[bytes | None]:
+        return [txn.get(key) for key in keys]
+
+    def grow(self) -> bool:
+        """Double the map (no transaction may be open in this process)."""
+        if self.thread_readers or self.map_size >= self.max_map_size:
+            return False
+        self.map_size = min(self.map_size * 2, self.max_map_size)
+        self.env.set_mapsize(self.map_size)
+        return True
+
+    @contextlib.contextmanager
+    def reading_in_thread(self):
+        """Around a worker thread's read transactions: the map must not move under them."""
+        self.thread_readers += 1
+        try:
+            yield
+        finally:
+            self.thread_readers -= 1
+
+    def copy_to(self, directory: str) -> str:
+        """A consistent, compacted copy of the database (blocking); its file's path."""
+        self.env.copy(directory, compact=True)
+        return os.path.join(directory, "data.mdb")
+
+    def sync(self) -> None:
+        self.env.sync(True)
+
+    def close(self) -> None:
+        if self.env is not None:
+            self.env.sync(True)
+            self.env.close()
+            self.env = None

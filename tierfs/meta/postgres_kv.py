@@ -1,0 +1,219 @@
+"""PostgreSQL engine for the metadata store: the namespace in one table that
+every node shares.
+
+Keys and values are the same bytes LMDB holds (schema.py), in
+`tierfs_kv(k bytea primary key, v bytea)`; bytea compares bytewise, so prefix
+scans return what LMDB's cursors do. Writes run SERIALIZABLE, so every store
+operation is one transaction that either sees no concurrent change or fails
+with a serialization failure and is run again (`run`). Reads run REPEATABLE
+READ, READ ONLY: one snapshot, never a serialization failure.
+
+While the server cannot be reached a call waits (reconnecting) up to `wait`
+seconds, then fails with EIO; a connection lost while COMMIT was in flight has
+an unknown outcome and fails at once with EIO (it is not run twice).
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import random
+import time
+from typing import Iterator
+from urllib.parse import urlsplit
+
+from ..errors import FsError, UserError
+
+log = logging.getLogger("tierfs.meta")
+
+SCHEMA_VERSION = 1
+SCAN_BATCH = 512
+CONNECT_TIMEOUT = 5  # seconds for one connection attempt
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS tierfs_schema (version integer NOT NULL);
+CREATE TABLE IF NOT EXISTS tierfs_kv (k bytea PRIMARY KEY, v bytea NOT NULL);
+"""
+
+
+def describe(url: str) -> str:
+    """The URL without its password, for messages."""
+    parts = urlsplit(url)
+    host = parts.hostname or "local socket"
+    port = f":{parts.port}" if parts.port else ""
+    user = f"{parts.username}@" if parts.username else ""
+    return f"postgresql://{user}{host}{port}{parts.path}"
+
+
+class _Retry(Exception):
+    """The attempt failed in a way that running it again may fix."""
+
+
+class _Txn:
+    """One transaction on one pooled connection (autocommit off by explicit BEGIN)."""
+
+    __slots__ = ("cur",)
+
+    def __init__(self, cur):
+        self.cur = cur
+
+    def get(self, key: bytes) -> bytes | None:
+        row = self.cur.execute("SELECT v FROM tierfs_kv WHERE k = %s", (key,)).fetchone()
+        return row[0] if row else None
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self.cur.execute("INSERT INTO tierfs_kv (k, v) VALUES (%s, %s) "
+                         "ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v", (key, value))
+
+    def delete(self, key: bytes) -> bool:
+        return self.cur.execute("DELETE FROM tierfs_kv WHERE k = %s RETURNING 1",
+                                (key,)).fetchone() is not None
+
+    def pop(self, key: bytes) -> bytes | None:
+        row = self.cur.execute("DELETE FROM tierfs_kv WHERE k = %s RETURNING v",
+                               (key,)).fetchone()
+        return row[0] if row else None
+
+
+class PostgresKV:
+    kind = "postgresql"
+    shared = True  # many nodes: sessions instead of the lease
+
+    def __init__(self, url: str, *, wait: float = 60.0, pool_size: int = 8):
+        try:
+            import psycopg
+            from psycopg import errors as pg_errors
+            from psycopg_pool import ConnectionPool, PoolTimeout
+        except ImportError:
+            raise UserError("a postgresql:// metadata URL needs psycopg 3 and psycopg-pool: "
+                            "pip install 'tierfs[postgres]'") from None
+        self._psycopg = psycopg
+        self._retryable = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected)
+        self._unreachable = (psycopg.OperationalError, PoolTimeout)
+        self.url = url
+        self.where = describe(url)
+        self.wait = wait
+        try:
+            with psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT) as conn:
+                self._create_schema(conn)
+        except psycopg.Error as e:
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UserError(f"cannot use the metadata database {self.where}: {reason}; "
+                            "check --meta-url and that PostgreSQL is running") from None
+        self.pool = ConnectionPool(url, min_size=1, max_size=pool_size, open=True,
+                                   kwargs={"autocommit": True,
+                                           "connect_timeout": CONNECT_TIMEOUT},
+                                   timeout=min(max(wait, 0.1), 5.0), name="tierfs-meta")
+
+    def _create_schema(self, conn) -> None:
+        """Tables on first use, under an advisory lock (several nodes may start at once)."""
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(7316841)")
+            conn.execute(_SCHEMA)
+            row = conn.execute("SELECT max(version) FROM tierfs_schema").fetchone()
+            if row[0] is None:
+                conn.execute("INSERT INTO tierfs_schema (version) VALUES (%s)",
+                             (SCHEMA_VERSION,))
+            elif row[0] > SCHEMA_VERSION:
+                raise UserError(f"the metadata database {self.where} has schema version "
+                                f"{row[0]}, newer than this tierfs knows ({SCHEMA_VERSION}): "
+                                "upgrade tierfs on this node")
+
+    # ---- transactions -------------------------------------------------------
+    @contextlib.contextmanager
+    def _transaction(self, begin: str):
+        """One transaction on a pooled connection, BEGIN to COMMIT."""
+        try:
+            conn_cm = self.pool.connection()
+            conn = conn_cm.__enter__()
+        except self._unreachable as e:
+            raise _Retry(e) from None
+        committing = False
+        try:
+            with conn.cursor() as cur:
+                cur.execute(begin)
+                try:
+                    yield _Txn(cur)
+                except BaseException:
+                    if not conn.broken:
+                        cur.execute("ROLLBACK")
+                    raise
+                committing = True
+                cur.execute("COMMIT")
+        except self._retryable as e:
+            raise _Retry(e) from None
+        except self._psycopg.OperationalError as e:
+            if committing:
+                log.error("metadata database %s: connection lost during COMMIT (%s); "
+                          "the operation's outcome is unknown", self.where, _first_line(e))
+                raise FsError(errno.EIO) from None
+            raise _Retry(e) from None
+        finally:
+            conn_cm.__exit__(None, None, None)
+
+    def read(self):
+        return self._transaction("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+
+    def write(self):
+        return self._transaction("BEGIN ISOLATION LEVEL SERIALIZABLE")
+
+    def run(self, fn):
+        """Run fn (its own transactions) until it commits; serialization failures and
+        deadlocks are retried at once with a short random pause, an unreachable
+        server until `wait` has passed since the first failure (then EIO)."""
+        first_failure = None
+        pause = 0.001
+        while True:
+            try:
+                return fn()
+            except _Retry as e:
+                cause = e.args[0]
+                now = time.monotonic()
+                if isinstance(cause, self._retryable):
+                    pause = min(pause * 2, 0.05)
+                else:
+                    if first_failure is None:
+                        first_failure = now
+                        log.warning("metadata database %s unreachable (%s); waiting up "
+                                    "to %.0f s", self.where, _first_line(cause), self.wait)
+                    if now - first_failure >= self.wait:
+                        log.error("metadata database %s unreachable for %.0f s: "
+                                  "returning EIO", self.where, now - first_failure)
+                        raise FsError(errno.EIO) from None
+                    pause = min(max(pause * 2, 0.05), 1.0)
+                time.sleep(random.uniform(pause / 2, pause))
+
+    def scan(self, txn, start: bytes, end: bytes,
+             values: bool = True) -> Iterator[tuple[bytes, bytes | None]]:
+        sql = ("SELECT k, v FROM tierfs_kv" if values else "SELECT k FROM tierfs_kv") + \
+            " WHERE k >= %s AND k < %s ORDER BY k LIMIT %s"
+        while True:
+            rows = txn.cur.execute(sql, (start, end, SCAN_BATCH)).fetchall()
+            for row in rows:
+                yield (row[0], row[1] if values else None)
+            if len(rows) < SCAN_BATCH:
+                return
+            start = rows[-1][0] + b"\x00"
+
+    def get_many(self, txn, keys: list[bytes]) -> list[bytes | None]:
+        if len(keys) <= 1:
+            return [txn.get(key) for key in keys]
+        rows = txn.cur.execute("SELECT k, v FROM tierfs_kv WHERE k = ANY(%s)",
+                               (list(keys),)).fetchall()
+        found = dict(rows)
+        return [found.get(key) for key in keys]
+
+    # ---- the rest of the engine interface ------------------------------------
+    def reading_in_thread(self):
+        return contextlib.nullcontext()
+
+    def sync(self) -> None:
+        """Commits are durable when they return (synchronous_commit)."""
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
