@@ -32,6 +32,11 @@ class NotInBucket(UserError):
 EXIT_NOT_IN_BUCKET = 3
 
 
+class SessionLost(TierfsError):
+    """This mount's session was ended by another node (its heartbeat was too old):
+    what it holds open is purged, so it must stop changing the namespace."""
+
+
 class ColdStoreError(TierfsError):
     """The object store failed. `transient` errors may succeed when retried."""
 

@@ -12,9 +12,9 @@ import threading
 import pytest
 
 from tests.pg_server import pg_server
-from tierfs.errors import FsError, UserError
+from tierfs.errors import FsError, SessionLost, UserError
 from tierfs.meta import MetaStore, scan
-from tierfs.meta.store import open_engine
+from tierfs.meta.store import ID_BLOCK, open_engine
 from tierfs.meta.schema import ROOT_INO, Superblock
 from tierfs.tier.fsck import Fsck
 
@@ -89,6 +89,9 @@ def test_ids_are_unique_across_nodes(nodes):
     objects = run_together([lambda m=m: [m.next_object_id() for _ in range(30)] for m in nodes])
     ids = [obj for per_node in objects for obj in per_node]
     assert len(set(ids)) == len(ids) == NODES * 30
+    # Each node took one block of each counter, not one counter write per id.
+    assert nodes[0].peek_counter(b"ino") == ROOT_INO + 1 + NODES * ID_BLOCK
+    assert nodes[0].peek_counter(b"obj") == 1 + NODES * ID_BLOCK
 
 
 def test_concurrent_creates_renames_and_unlinks_in_one_directory(nodes):
@@ -200,3 +203,24 @@ def test_an_unreachable_database_is_one_clear_error(tmp_path):
     assert "cannot use the metadata database postgresql://postgres@" in message
     assert "check --meta-url and that PostgreSQL is running" in message
     assert "\n" not in message
+
+
+def test_an_expired_session_is_ended_by_another_node(nodes):
+    a, b = nodes[0], nodes[1]
+    sa = a.open_session("node-a", 1, "/mnt/a")
+    b.open_session("node-b", 2, "/mnt/b")
+    held = {}
+    for name, m in (("a", a), ("b", b)):  # each holds an unlinked file open, uploads one object
+        node = m.create_node(ROOT_INO, name.encode(), REG, 0, 0)
+        m.unlink(ROOT_INO, name.encode(), lambda _ino: True)
+        held[name] = (node.ino, m.next_object_id())
+    b.heartbeat()
+    assert b.expired_sessions(3600) == []
+    assert [x.sid for x in b.expired_sessions(0)] == [sa]  # a's heartbeat is older than now
+    assert b.end_session(sa) == (1, 1)
+    assert b.orphans() == [held["b"][0]]          # b's own stay
+    assert b.upload_intents() == [held["b"][1]]
+    assert held["a"][1] in [obj for obj, _epoch in b.gc_pending()]
+    with pytest.raises(SessionLost):
+        a.heartbeat()
+    assert [x.node for x in b.sessions()] == ["node-b"]

@@ -6,6 +6,8 @@ interface; an engine holds everything specific to its database. Two engines:
   postgres_kv.PostgresKV  one table in a PostgreSQL database (shared by many nodes)
 
 An engine provides:
+  get(key)                one key's value (None if missing), read on its own: cheaper
+                          than a transaction where the engine has round trips
   read()                  context manager: a consistent read-only transaction
   write()                 context manager: a read-write transaction, committed on a
                           clean exit and rolled back on an exception

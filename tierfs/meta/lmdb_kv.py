@@ -40,6 +40,10 @@ class LmdbKV:
         self.max_map_size = max(max_map_size, self.map_size)
         self.thread_readers = 0  # read transactions in worker threads: the map must not move
 
+    def get(self, key: bytes) -> bytes | None:
+        with self.env.begin(buffers=False) as txn:
+            return txn.get(key)
+
     def read(self):
         return self.env.begin(buffers=False)
 

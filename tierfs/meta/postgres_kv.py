@@ -151,6 +151,15 @@ class PostgresKV:
         finally:
             conn_cm.__exit__(None, None, None)
 
+    def get(self, key: bytes) -> bytes | None:
+        """One statement outside a transaction (its own snapshot): one round trip."""
+        try:
+            with self.pool.connection() as conn:
+                row = conn.execute("SELECT v FROM tierfs_kv WHERE k = %s", (key,)).fetchone()
+        except self._unreachable as e:
+            raise _Retry(e) from None
+        return row[0] if row else None
+
     def read(self):
         return self._transaction("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
 

@@ -15,11 +15,15 @@ record version, so a later format can still read older records.
   T    b'T' ino:u64                          symlink target bytes
   X    b'X' ino:u64 name                     xattr value bytes
   E    b'E' ino:u64 index:u64                Extent (state bits, length, xxh3, object ref)
-  O    b'O' ino:u64                          b'' : inode unlinked while open, purge at mount
+  O    b'O' ino:u64                          owner : inode unlinked while open, purged when
+                                             its owner's session ends (at mount on LMDB)
   G    b'G' object id:u64                    epoch:u64 [bytes:u64] : object to delete from the
                                              bucket once every kept checkpoint is newer than
                                              `epoch` (0: at once); its size when known
-  U    b'U' object id:u64                    b'' : upload in flight (gc'd if the daemon dies)
+  U    b'U' object id:u64                    owner : upload in flight (gc'd if its owner dies)
+  N    b'N' session:u64                      Session (JSON): one mount of a shared engine,
+                                             with its heartbeat
+  owner: b'' on LMDB (one node), else the session id:u64 of the mount that wrote it
   P    b'P' object id:u64                    Pack: total bytes:u64, live bytes:u64 (an object
                                              holding the extents of several small files)
   R    b'R' object id:u64 offset:u64         length:u64 ino:u64 index:u64 : one live reference
@@ -116,6 +120,10 @@ def gc_key(obj_id: int) -> bytes:
 
 def intent_key(obj_id: int) -> bytes:
     return b"U" + _U64.pack(obj_id)
+
+
+def session_key(sid: int) -> bytes:
+    return b"N" + _U64.pack(sid)
 
 
 def pack_key(obj_id: int) -> bytes:
@@ -251,6 +259,28 @@ class Extent:
     def decode(cls, raw: bytes) -> "Extent":
         _v, flags, length, csum, oid, ooff, olen = _EXTENT_V1.unpack(raw)
         return cls(flags, length, csum, oid, ooff, olen)
+
+
+@dataclass(slots=True)
+class Session:
+    """One mount of a shared engine. Times are the node's wall clock in ns, so the
+    nodes' clocks must agree within a small part of the session timeout (NTP)."""
+    sid: int
+    node: str
+    pid: int
+    mountpoint: str
+    started_ns: int
+    heartbeat_ns: int
+
+    def encode(self) -> bytes:
+        return json.dumps({"node": self.node, "pid": self.pid, "mountpoint": self.mountpoint,
+                           "started_ns": self.started_ns, "heartbeat_ns": self.heartbeat_ns},
+                          sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, sid: int, raw: bytes) -> "Session":
+        d = json.loads(raw)
+        return cls(sid, d["node"], d["pid"], d["mountpoint"], d["started_ns"], d["heartbeat_ns"])
 
 
 @dataclass(slots=True)

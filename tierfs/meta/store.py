@@ -14,16 +14,18 @@ import errno
 import functools
 import os
 import stat
+import threading
 import time
 from typing import Callable, Iterable
 
-from ..errors import FsError
+from ..errors import FsError, SessionLost
 from . import schema as s
 from .kv import is_postgres_url, prefix_end
 from .lmdb_kv import DEFAULT_MAP_SIZE, MAX_MAP_SIZE, LmdbKV
-from .schema import Extent, Inode, Pack, Ref, Superblock
+from .schema import Extent, Inode, Pack, Ref, Session, Superblock
 
 NAME_MAX = 255
+ID_BLOCK = 1024  # inode and object ids a node of a shared engine takes at a time
 
 
 def _transaction(method):
@@ -70,6 +72,10 @@ class MetaStore:
         # only: after a restart every object waits for the checkpoints (safe side).
         self._fresh: set[int] = set()
         self._copying = False  # between begin_epoch() and copy_taken(): nothing is fresh
+        self._ids: dict[bytes, tuple[int, int]] = {}  # counter -> this node's (next, end)
+        self._ids_lock = threading.Lock()  # stores are called from worker threads too
+        self.session: int | None = None  # this mount's session on a shared engine
+        self._owner = b""  # what its orphan and upload-intent records say (schema: owner)
 
     # ---- lifecycle ------------------------------------------------------------
     def close(self) -> None:
@@ -98,8 +104,7 @@ class MetaStore:
 
     @_reads
     def superblock(self) -> Superblock | None:
-        with self._read() as txn:
-            raw = txn.get(s.SUPERBLOCK_KEY)
+        raw = self.kv.get(s.SUPERBLOCK_KEY)
         return Superblock.decode(raw) if raw else None
 
     @_transaction
@@ -119,18 +124,41 @@ class MetaStore:
             txn.put(s.counter_key(b"obj"), s.u64(1))
             txn.put(s.inode_key(s.ROOT_INO), root.encode())
 
-    def _next(self, txn, name: bytes) -> int:
+    def _next(self, txn, name: bytes, count: int = 1) -> int:
+        """The first of `count` fresh values of a counter."""
         raw = txn.get(s.counter_key(name))
         value = s.read_u64(raw)
-        txn.put(s.counter_key(name), s.u64(value + 1))
+        txn.put(s.counter_key(name), s.u64(value + count))
         return value
+
+    @_transaction
+    def _take_block(self, name: bytes) -> int:
+        with self._write() as txn:
+            return self._next(txn, name, ID_BLOCK)
+
+    def _reserve_id(self, name: bytes) -> int | None:
+        """On a shared engine, an id from this node's block of ID_BLOCK ids (taken
+        in a transaction of its own, before the caller opens its own), so nodes
+        creating at once do not all write one counter record. Ids stay unique and
+        never reused; a block a node does not use up is skipped. None on LMDB: the
+        caller takes the id inside its transaction (_next)."""
+        if not self.kv.shared:
+            return None
+        with self._ids_lock:
+            nxt, end = self._ids.get(name, (0, 0))
+            if nxt >= end:
+                nxt = self._take_block(name)
+                end = nxt + ID_BLOCK
+            self._ids[name] = (nxt + 1, end)
+            return nxt
 
     @_transaction
     def next_object_id(self) -> int:
         """A fresh object id, recorded as an upload intent until the upload ends."""
+        reserved = self._reserve_id(b"obj")
         with self._write() as txn:
-            obj_id = self._next(txn, b"obj")
-            txn.put(s.intent_key(obj_id), b"")
+            obj_id = reserved if reserved is not None else self._next(txn, b"obj")
+            txn.put(s.intent_key(obj_id), self._owner)
             return obj_id
 
     @_transaction
@@ -146,8 +174,7 @@ class MetaStore:
 
     @_reads
     def peek_counter(self, name: bytes) -> int:
-        with self._read() as txn:
-            raw = txn.get(s.counter_key(name))
+        raw = self.kv.get(s.counter_key(name))
         return s.read_u64(raw) if raw else 0
 
     @_transaction
@@ -219,8 +246,7 @@ class MetaStore:
 
     @_reads
     def pack(self, obj_id: int) -> Pack | None:
-        with self._read() as txn:
-            raw = txn.get(s.pack_key(obj_id))
+        raw = self.kv.get(s.pack_key(obj_id))
         return Pack.decode(raw) if raw is not None else None
 
     @_reads
@@ -240,8 +266,7 @@ class MetaStore:
     # ---- inodes ---------------------------------------------------------------
     @_reads
     def get_inode(self, ino: int) -> Inode:
-        with self._read() as txn:
-            raw = txn.get(s.inode_key(ino))
+        raw = self.kv.get(s.inode_key(ino))
         if raw is None:
             raise FsError(errno.ENOENT)
         return Inode.decode(ino, raw)
@@ -259,8 +284,8 @@ class MetaStore:
 
     @_reads
     def inode_count(self) -> int:
-        with self._read() as txn:
-            return s.read_u64(txn.get(s.counter_key(b"ino")))
+        """Inode numbers handed out so far: at least the inodes in use (statfs)."""
+        return s.read_u64(self.kv.get(s.counter_key(b"ino")))
 
     # ---- names ----------------------------------------------------------------
     @staticmethod
@@ -274,12 +299,11 @@ class MetaStore:
     def lookup(self, parent: int, name: bytes) -> int:
         if len(name) > NAME_MAX:
             raise FsError(errno.ENAMETOOLONG)
-        with self._read() as txn:
-            if name == b".":
-                return parent
-            if name == b"..":
-                return self._get(txn, parent).parent
-            raw = txn.get(s.dentry_key(parent, name))
+        if name == b".":
+            return parent
+        if name == b"..":
+            return self.get_inode(parent).parent
+        raw = self.kv.get(s.dentry_key(parent, name))
         if raw is None:
             raise FsError(errno.ENOENT)
         return s.read_u64(raw)
@@ -310,6 +334,7 @@ class MetaStore:
         """Create a file, directory, symlink or special node in one transaction."""
         self._check_name(name)
         t = now_ns()
+        reserved = self._reserve_id(b"ino")
         with self._write() as txn:
             parent = self._dir_for_change(txn, parent_ino)
             if txn.get(s.dentry_key(parent_ino, name)) is not None:
@@ -318,7 +343,7 @@ class MetaStore:
                 gid = parent.gid
                 if stat.S_ISDIR(mode):
                     mode |= stat.S_ISGID
-            ino = self._next(txn, b"ino")
+            ino = reserved if reserved is not None else self._next(txn, b"ino")
             node = Inode(ino, mode, uid, gid, size=0, nlink=1, atime_ns=t, mtime_ns=t,
                          ctime_ns=t, rdev=rdev, generation=0)
             if stat.S_ISDIR(mode):
@@ -355,8 +380,7 @@ class MetaStore:
 
     @_reads
     def readlink(self, ino: int) -> bytes:
-        with self._read() as txn:
-            target = txn.get(s.symlink_key(ino))
+        target = self.kv.get(s.symlink_key(ino))
         if target is None:
             raise FsError(errno.EINVAL)
         return target
@@ -374,7 +398,7 @@ class MetaStore:
             return False
         if in_use(node.ino):
             txn.put(s.inode_key(node.ino), node.encode())
-            txn.put(s.orphan_key(node.ino), b"")
+            txn.put(s.orphan_key(node.ino), self._owner)
             return False
         self._purge(txn, node.ino)
         return True
@@ -579,8 +603,7 @@ class MetaStore:
     # ---- xattrs ---------------------------------------------------------------
     @_reads
     def get_xattr(self, ino: int, name: bytes) -> bytes | None:
-        with self._read() as txn:
-            return txn.get(s.xattr_key(ino, name))
+        return self.kv.get(s.xattr_key(ino, name))
 
     @_transaction
     def set_xattr(self, ino: int, name: bytes, value: bytes, flags: int = 0) -> None:
@@ -731,11 +754,68 @@ class MetaStore:
 
     @_transaction
     def abandon_intents(self) -> int:
-        """Uploads that never finished (daemon died): their objects, if any, go to gc."""
-        ids = self.upload_intents()
+        """This owner's uploads that never finished (its daemon died): their objects,
+        if any, go to gc. On LMDB that is every intent; on a shared engine a new
+        session has none, and a dead session's go with end_session()."""
+        with self._read() as txn:
+            ids = [s.read_u64(k, 1) for k, owner in self._scan(txn, b"U") if owner == self._owner]
         if ids:
             self.update(None, {}, unreferenced=ids)
         return len(ids)
+
+    # ---- sessions (a shared engine: one per mount) ---------------------------------
+    @_transaction
+    def open_session(self, node: str, pid: int, mountpoint: str) -> int:
+        """Register this mount; its orphans and upload intents are recorded as its own."""
+        t = now_ns()
+        with self._write() as txn:
+            raw = txn.get(s.counter_key(b"session"))
+            sid = s.read_u64(raw) if raw else 1
+            txn.put(s.counter_key(b"session"), s.u64(sid + 1))
+            txn.put(s.session_key(sid), Session(sid, node, pid, mountpoint, t, t).encode())
+        self.session, self._owner = sid, s.u64(sid)
+        return sid
+
+    @_transaction
+    def heartbeat(self) -> None:
+        """Say this session is alive; SessionLost if another node ended it."""
+        with self._write() as txn:
+            raw = txn.get(s.session_key(self.session))
+            if raw is None:
+                raise SessionLost(f"session {self.session} was ended by another node")
+            session = Session.decode(self.session, raw)
+            session.heartbeat_ns = now_ns()
+            txn.put(s.session_key(self.session), session.encode())
+
+    @_reads
+    def sessions(self) -> list[Session]:
+        with self._read() as txn:
+            return [Session.decode(s.read_u64(k, 1), v) for k, v in self._scan(txn, b"N")]
+
+    def expired_sessions(self, timeout_s: float) -> list[Session]:
+        """Other sessions whose last heartbeat is older than `timeout_s`."""
+        oldest = now_ns() - int(timeout_s * 1e9)
+        return [x for x in self.sessions() if x.heartbeat_ns < oldest and x.sid != self.session]
+
+    @_transaction
+    def end_session(self, sid: int) -> tuple[int, int]:
+        """End a session (a clean unmount, or a dead node's, found expired): purge the
+        files it held open after their last name was gone, and send the objects of
+        uploads it never finished to gc. Returns (files purged, intents abandoned).
+        Ending a session twice does nothing the second time."""
+        owner = s.u64(sid)
+        with self._write() as txn:
+            orphans = [s.read_u64(k, 1) for k, v in self._scan(txn, b"O") if v == owner]
+            intents = [s.read_u64(k, 1) for k, v in self._scan(txn, b"U") if v == owner]
+            for ino in orphans:
+                self._purge(txn, ino)
+            for obj in intents:
+                txn.delete(s.intent_key(obj))
+                self._drop_object(txn, obj, referenced=False)
+            txn.delete(s.session_key(sid))
+        if sid == self.session:
+            self.session, self._owner = None, b""
+        return len(orphans), len(intents)
 
     @_transaction
     def delete_raw(self, keys: Iterable[bytes]) -> None:
