@@ -12,6 +12,7 @@ import pytest
 from tests.fuse.test_outage import set_faults
 from tests.fuse.test_tiering import pattern
 from tests.harness import drop_page_cache, read_file, wait_until, write_file
+from tierfs.config import format_size
 from tierfs.meta import MetaStore, scan
 from tierfs.meta import schema as s
 
@@ -148,6 +149,13 @@ def test_a_damaged_pack_fails_only_its_own_files(mount_factory, damage):
         assert read_file(p) == data
     ino = os.stat(sorted(a)[0]).st_ino
     assert f"inode {ino} extent 0" in m.log()  # the log says which file lost data
+    # One prefetch of both directories: b's files come, and each of a's is named.
+    make_cold(m, "b")
+    res = m.cli("prefetch", "-r", m.path("a"), m.path("b"))
+    assert res.returncode == 1
+    assert res.stdout.startswith(f"prefetched 8 files: {format_size(8 * 12 * KiB)} fetched")
+    failed = sorted(line.split(":")[1].strip() for line in res.stderr.splitlines())
+    assert failed == sorted(a), res.stderr
 
 
 def test_a_daemon_killed_while_a_pack_uploads_loses_nothing(mount_factory, tmp_path):
@@ -243,3 +251,35 @@ def test_a_daemon_killed_while_compacting_loses_nothing(mount_factory, tmp_path)
     m.umount()
     res = m.cli("fsck", m.cold_url, "--cache-dir", m.cache_dir, "--verify-data")
     assert res.returncode == 0, res.stdout
+
+
+def test_prefetch_and_pin_fetch_packed_files_a_range_of_the_pack_at_a_time(mount_factory):
+    """`prefetch -r` and `pin -r` of a directory of small packed files send the files
+    in one request and cost a few ranged GETs, not one per file; files packed among
+    them that were not named stay cold."""
+    from tests.fuse.test_ecosystem import file_is_hot
+    m = mount_factory(args=("--extent-size", "1M"))
+    os.makedirs(m.path("ds"))
+    os.makedirs(m.path("other"))
+    files, others = {}, {}
+    for i in range(150):  # interleaved, so the packs hold both directories' files
+        files[m.path("ds", f"s{i:03d}")] = pattern(20_000, i)
+        if i % 10 == 0:
+            others[m.path("other", f"o{i:03d}")] = pattern(20_000, 1000 + i)
+    for path, data in {**files, **others}.items():
+        write_file(path, data)
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    for verb, expect in (("prefetch", "prefetched 150 files: 2.9 MiB fetched, 0 B already hot"),
+                         ("pin", "pinned 150 files (150 extents changed)")):
+        m.cli("release", "-r", m.path("ds"), m.path("other"), check=True)
+        assert not any(file_is_hot(p) for p in files)
+        before = counters(m).get("cold_reads", 0)
+        res = m.cli(verb, "-r", m.path("ds"), check=True)
+        assert res.stdout.startswith(expect), res.stdout
+        gets = counters(m)["cold_reads"] - before
+        assert gets <= 8, f"{verb}: {gets} GETs for {len(files)} files packed together"
+        assert all(file_is_hot(p) for p in files)
+        assert not any(file_is_hot(p) for p in others), "a file not named was fetched"
+    drop_page_cache(*files, *others)
+    for path, data in {**files, **others}.items():
+        assert read_file(path) == data, path

@@ -5,7 +5,6 @@ import concurrent.futures
 import os
 import stat
 import sys
-import threading
 import time
 
 from ..config import format_size
@@ -67,47 +66,65 @@ def _call(path: str, cmd: str, on_progress=None, **args) -> dict:
     return last
 
 
-def for_each_file(verb: str, cmd: str, args, *, fetches: bool = False,
-                  **extra) -> tuple[list[dict], list[str], float]:
-    """Run `cmd` on every file, `--jobs` at a time, with a progress line in bytes.
-    fetches: the command brings data hot, and the daemon reports each file's hot
-    bytes while it works, so a single large file moves the line too."""
+def for_each_file(verb: str, cmd: str, args, **extra) -> tuple[list[dict], list[str], float]:
+    """Run `cmd` on every file, `--jobs` at a time, with a progress line in bytes."""
     files = collect_files(args.paths, args.recursive)
     t0 = time.monotonic()
     progress = Progress(verb, sum(f[2] for f in files))
-    partial: dict[int, int] = {}   # file number -> bytes done so far, while it runs
-    lock = threading.Lock()
     results, failures = [], []
-
-    def one(i: int, path: str, ino: int, size: int) -> dict:
-        def on_progress(msg: dict) -> None:
-            with lock:
-                partial[i] = max(partial.get(i, 0), min(size, int(msg.get("hot_bytes", 0))))
-        if fetches and progress.active:
-            return _call(path, cmd, on_progress, ino=ino, progress=True, **extra)
-        return _call(path, cmd, ino=ino, **extra)
 
     finished_bytes = 0
     with concurrent.futures.ThreadPoolExecutor(max(1, getattr(args, "jobs", 8))) as pool:
-        futures = {pool.submit(one, i, path, ino, size): (i, path, size)
-                   for i, (path, ino, size) in enumerate(files)}
+        futures = {pool.submit(_call, path, cmd, ino=ino, **extra): (path, size)
+                   for path, ino, size in files}
         pending = set(futures)
         while pending:
             finished, pending = concurrent.futures.wait(
                 pending, timeout=0.25, return_when=concurrent.futures.FIRST_COMPLETED)
             for fut in finished:
-                i, path, size = futures[fut]
+                path, size = futures[fut]
                 try:
                     results.append(fut.result())
                 except UserError as e:
                     failures.append(f"{path}: {e}")
                 finished_bytes += size
-                with lock:
-                    partial.pop(i, None)
-            with lock:
-                running = sum(partial.values())
-            progress.update(finished_bytes + running,
+            progress.update(finished_bytes,
                             note=f"{len(files) - len(pending)} of {plural(len(files), 'file')} done")
+    progress.close()
+    return results, failures, time.monotonic() - t0
+
+
+BATCH_FILES = 1024  # files per prefetch request: packed neighbours coalesce within one
+
+
+def fetch_files(verb: str, args, *, pin: bool = False) -> tuple[list[dict], list[str], float]:
+    """Prefetch (or pin) files, BATCH_FILES per request, with a progress line in
+    bytes. One request names many files, so the daemon fetches files packed next
+    to each other in one GET; it runs --jobs files at a time."""
+    files = collect_files(args.paths, args.recursive)
+    t0 = time.monotonic()
+    progress = Progress(verb, sum(f[2] for f in files))
+    results, failures = [], []
+    done_bytes = 0
+    for start in range(0, len(files), BATCH_FILES):
+        batch = files[start:start + BATCH_FILES]
+        batch_bytes = sum(size for _p, _i, size in batch)
+        note = f"{start} of {plural(len(files), 'file')} done"
+
+        def on_progress(msg: dict, base=done_bytes, cap=batch_bytes, note=note) -> None:
+            progress.update(base + min(cap, int(msg.get("hot_bytes", 0))), note=note)
+        reply = _call(batch[0][0], "prefetch_many", on_progress if progress.active else None,
+                      inos=[ino for _p, ino, _s in batch], parallel=args.jobs, pin=pin,
+                      progress=progress.active)
+        for path, ino, _size in batch:
+            res = reply["files"].get(str(ino), {"error": "no answer for this file"})
+            if "error" in res:
+                failures.append(f"{path}: {verb} failed: {res['error']}")
+            else:
+                results.append(res)
+        done_bytes += batch_bytes
+        progress.update(done_bytes, note=f"{min(len(files), start + len(batch))} of "
+                        f"{plural(len(files), 'file')} done")
     progress.close()
     return results, failures, time.monotonic() - t0
 
@@ -119,8 +136,7 @@ def report_failures(failures: list[str]) -> int:
 
 
 def cmd_prefetch(args) -> int:
-    results, failures, secs = for_each_file("prefetch", "prefetch", args, fetches=True,
-                                            parallel=args.jobs)
+    results, failures, secs = fetch_files("prefetch", args)
     fetched = sum(r["fetched"] for r in results)
     already = sum(r["already_hot"] for r in results)
     print(f"prefetched {plural(len(results), 'file')}: {format_size(fetched)} fetched, "
@@ -143,7 +159,10 @@ def cmd_release(args) -> int:
 
 def cmd_pin(args) -> int:
     verb = "pin" if args.command == "pin" else "unpin"
-    results, failures, _ = for_each_file(verb, verb, args, fetches=verb == "pin")
+    if verb == "pin":
+        results, failures, _ = fetch_files(verb, args, pin=True)
+    else:
+        results, failures, _ = for_each_file(verb, verb, args)
     key = "pinned" if verb == "pin" else "unpinned"
     changed = sum(r[key] for r in results)
     print(f"{key} {plural(len(results), 'file')} ({plural(changed, 'extent')} changed)")

@@ -137,8 +137,8 @@ class Control:
         self.meta = daemon.meta
         self.socket_path = os.path.join(daemon.cfg.cache_dir, "control.sock")
         self.commands = {"status": self.cmd_status, "ping": self.cmd_ping,
-                         "sync": self.cmd_sync, "prefetch": self.cmd_prefetch,
-                         "release": self.cmd_release, "pin": self.cmd_pin,
+                         "sync": self.cmd_sync, "prefetch_many": self.cmd_prefetch_many,
+                         "release": self.cmd_release,
                          "unpin": self.cmd_unpin, "scrub": self.cmd_scrub,
                          "hint": self.cmd_hint}
         self.direct = DirectOpen(daemon)
@@ -329,27 +329,34 @@ class Control:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the client went away; the sync itself goes on to its end
 
-    async def cmd_prefetch(self, req, reply):
-        ino = int(req["ino"])
-        return await self._fetching(ino, req, reply, actions.prefetch(
-            self.engine, ino, int(req.get("parallel", 8))))
+    async def cmd_prefetch_many(self, req, reply):
+        """Prefetch (and with "pin", pin) many files in one request, so that files
+        packed together come in one GET (actions.prefetch_many). Per file: its
+        result, or {"error": ...}."""
+        inos = [int(i) for i in req["inos"]]
+        results = await self._fetching(inos, req, reply, actions.prefetch_many(
+            self.engine, inos, int(req.get("parallel", 8))))
+        files = {}
+        for ino, res in results.items():
+            if isinstance(res, Exception):
+                files[str(ino)] = {"error": str(res) or type(res).__name__}
+                continue
+            if req.get("pin"):
+                res["pinned"] = actions.set_pinned(self.engine, ino, True)
+            files[str(ino)] = res
+        return {"files": files}
 
     async def cmd_release(self, req, reply):
         return actions.release(self.engine, int(req["ino"]))
 
-    async def cmd_pin(self, req, reply):
-        ino = int(req["ino"])
-        fetched = await self._fetching(ino, req, reply, actions.prefetch(self.engine, ino))
-        return {"pinned": actions.set_pinned(self.engine, ino, True), **fetched}
-
-    async def _fetching(self, ino: int, req, reply, work):
+    async def _fetching(self, inos: list[int], req, reply, work):
         """Await a prefetch; with req["progress"], tell the client how many bytes of
-        the file are hot while it runs (one large file would otherwise show nothing)."""
+        the files are hot while it runs (one large file would otherwise show nothing)."""
         if not req.get("progress"):
             return await work
         failed = result = None
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._fetch_progress, ino, reply)
+            nursery.start_soon(self._fetch_progress, inos, reply)
             try:
                 result = await work
             except Exception as e:  # raised out of a nursery it would be a group
@@ -359,17 +366,17 @@ class Control:
             raise failed
         return result
 
-    async def _fetch_progress(self, ino: int, reply) -> None:
-        index, E = self.engine.index, self.engine.E
+    async def _fetch_progress(self, inos: list[int], reply) -> None:
         last = None
         try:
             while True:
                 await trio.sleep(0.25)
-                try:
-                    size = self.meta.get_inode(ino).size
-                except FsError:
-                    return
-                hot = sum(min(E, max(0, size - i * E)) for i in index.by_ino.get(ino, ()))
+                hot = 0
+                for ino in inos:
+                    try:
+                        hot += actions.hot_bytes(self.engine, ino)
+                    except FsError:
+                        pass  # removed meanwhile
                 if hot != last:
                     last = hot
                     await reply({"progress": True, "hot_bytes": hot})
