@@ -224,3 +224,83 @@ def test_an_expired_session_is_ended_by_another_node(nodes):
     with pytest.raises(SessionLost):
         a.heartbeat()
     assert [x.node for x in b.sessions()] == ["node-b"]
+
+
+class Seen:
+    """Collects what a store's change feed reports, for waiting on."""
+
+    def __init__(self):
+        self.inodes, self.entries, self.everything = set(), set(), 0
+        self.cond = threading.Condition()
+
+    def __call__(self, inodes, entries, everything):
+        with self.cond:
+            self.inodes |= inodes
+            self.entries |= entries
+            self.everything += everything
+            self.cond.notify_all()
+
+    def reset(self) -> None:
+        with self.cond:
+            self.inodes, self.entries = set(), set()
+
+    def wait_for(self, what, timeout=30.0) -> None:
+        with self.cond:
+            assert self.cond.wait_for(what, timeout), \
+                f"not reported within {timeout} s: {self.inodes}, {self.entries}"
+
+
+def test_other_nodes_changes_are_reported_and_own_are_not(nodes, postgres):
+    a, b = nodes[0], nodes[1]
+    seen = Seen()
+    listener = b.watch(seen)
+    other = MetaStore(postgres.new_schema())  # another filesystem in the same database
+    try:
+        assert listener.listening.wait(30)
+        d = a.create_node(ROOT_INO, b"d", DIR, 0, 0)
+        f = a.create_node(d.ino, b"f", REG, 0, 0)
+        seen.wait_for(lambda: {(ROOT_INO, b"d"), (d.ino, b"f")} <= seen.entries
+                      and {ROOT_INO, d.ino, f.ino} <= seen.inodes)
+        a.rename(d.ino, b"f", ROOT_INO, b"g", 0, never, 1, 2)
+        seen.wait_for(lambda: {(d.ino, b"f"), (ROOT_INO, b"g")} <= seen.entries)
+        h = a.create_node(ROOT_INO, b"h", REG, 0, 0)
+        seen.wait_for(lambda: (ROOT_INO, b"h") in seen.entries)
+        seen.reset()  # notifications come in commit order: nothing older is on its way
+        node = a.get_inode(h.ino)
+        node.mode = REG & ~0o022  # an attribute change alone (setattr)
+        a.put_inode(node)
+        seen.wait_for(lambda: h.ino in seen.inodes)
+        # b's own changes, and another filesystem's, are not reported to b; a marker
+        # change from a after them shows the feed has delivered everything before it.
+        seen.reset()
+        mine = b.create_node(ROOT_INO, b"mine", REG, 0, 0)
+        other.format(Superblock(fs_id="other", extent_size=4 << 20), uid=0, gid=0)
+        other.create_node(ROOT_INO, b"elsewhere", REG, 0, 0)
+        marker = a.create_node(ROOT_INO, b"marker", REG, 0, 0)
+        seen.wait_for(lambda: (ROOT_INO, b"marker") in seen.entries)
+        assert (ROOT_INO, b"mine") not in seen.entries and mine.ino not in seen.inodes
+        assert (ROOT_INO, b"elsewhere") not in seen.entries
+        assert marker.ino in seen.inodes
+        assert seen.everything == 0
+    finally:
+        listener.stop()
+        other.close()
+
+
+def test_the_feed_says_everything_after_it_lost_its_connection(own_server):
+    url = own_server.new_schema()
+    a, b = MetaStore(url), MetaStore(url)
+    seen = Seen()
+    listener = b.watch(seen)
+    try:
+        a.format(Superblock(fs_id="feed", extent_size=4 << 20), uid=0, gid=0)
+        assert listener.listening.wait(30)
+        own_server.stop()
+        own_server.start()
+        seen.wait_for(lambda: seen.everything >= 1)  # changes meanwhile may be lost
+        a.create_node(ROOT_INO, b"after", REG, 0, 0)
+        seen.wait_for(lambda: (ROOT_INO, b"after") in seen.entries)
+    finally:
+        listener.stop()
+        a.close()
+        b.close()

@@ -22,6 +22,9 @@ An engine provides:
   sync()                  committed transactions survive power loss (blocking)
   close()
   reading_in_thread()     context manager around a worker thread's long reads
+  listen(on_change)       a shared engine calls on_change(inodes, entries, everything) for
+                          what other nodes changed, from a thread, until the returned
+                          listener's stop(); LMDB returns None (one node)
 A transaction has get(key) -> bytes | None, put(key, value), delete(key) -> bool
 (whether it existed) and pop(key) -> bytes | None.
 

@@ -83,6 +83,10 @@ class LmdbKV:
     def get_many(self, txn, keys: list[bytes]) -> list[bytes | None]:
         return [txn.get(key) for key in keys]
 
+    def listen(self, on_change) -> None:
+        """One node: nothing changes behind its back."""
+        return None
+
     def grow(self) -> bool:
         """Double the map (no transaction may be open in this process)."""
         if self.thread_readers or self.map_size >= self.max_map_size:

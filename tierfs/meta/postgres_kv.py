@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import logging
 import random
 import time
@@ -23,6 +24,7 @@ from typing import Iterator
 from urllib.parse import urlsplit
 
 from ..errors import FsError, UserError
+from .postgres_feed import Changes, Listener, new_sender, payload
 
 log = logging.getLogger("tierfs.meta")
 
@@ -50,26 +52,31 @@ class _Retry(Exception):
 
 
 class _Txn:
-    """One transaction on one pooled connection (autocommit off by explicit BEGIN)."""
+    """One transaction on one pooled connection (autocommit off by explicit BEGIN).
+    A write transaction notes the inode and entry keys it changes (the feed)."""
 
-    __slots__ = ("cur",)
+    __slots__ = ("cur", "changes")
 
-    def __init__(self, cur):
+    def __init__(self, cur, changes: Changes | None):
         self.cur = cur
+        self.changes = changes
 
     def get(self, key: bytes) -> bytes | None:
         row = self.cur.execute("SELECT v FROM tierfs_kv WHERE k = %s", (key,)).fetchone()
         return row[0] if row else None
 
     def put(self, key: bytes, value: bytes) -> None:
+        self.changes.note(key)
         self.cur.execute("INSERT INTO tierfs_kv (k, v) VALUES (%s, %s) "
                          "ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v", (key, value))
 
     def delete(self, key: bytes) -> bool:
+        self.changes.note(key)
         return self.cur.execute("DELETE FROM tierfs_kv WHERE k = %s RETURNING 1",
                                 (key,)).fetchone() is not None
 
     def pop(self, key: bytes) -> bytes | None:
+        self.changes.note(key)
         row = self.cur.execute("DELETE FROM tierfs_kv WHERE k = %s RETURNING v",
                                (key,)).fetchone()
         return row[0] if row else None
@@ -88,6 +95,7 @@ class PostgresKV:
             raise UserError("a postgresql:// metadata URL needs psycopg 3 and psycopg-pool: "
                             "pip install 'tierfs[postgres]'") from None
         self._psycopg = psycopg
+        self._sql = psycopg.sql
         self._retryable = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected)
         self._unreachable = (psycopg.OperationalError, PoolTimeout)
         self.url = url
@@ -96,10 +104,14 @@ class PostgresKV:
         try:
             with psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT) as conn:
                 self._create_schema(conn)
+                schema = conn.execute("SELECT current_schema()").fetchone()[0]
         except psycopg.Error as e:
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise UserError(f"cannot use the metadata database {self.where}: {reason}; "
                             "check --meta-url and that PostgreSQL is running") from None
+        # One channel per filesystem: a database may hold several, one per schema.
+        self.channel = "tierfs_" + hashlib.sha256(schema.encode()).hexdigest()[:16]
+        self.sender = new_sender()
         self.pool = ConnectionPool(url, min_size=1, max_size=pool_size, open=True,
                                    kwargs={"autocommit": True,
                                            "connect_timeout": CONNECT_TIMEOUT},
@@ -121,8 +133,10 @@ class PostgresKV:
 
     # ---- transactions -------------------------------------------------------
     @contextlib.contextmanager
-    def _transaction(self, begin: str):
-        """One transaction on a pooled connection, BEGIN to COMMIT."""
+    def _transaction(self, begin: str, write: bool):
+        """One transaction on a pooled connection, BEGIN to COMMIT. A write that
+        changed inodes or entries sends its notification with its COMMIT (one
+        round trip: a query without parameters may hold two statements)."""
         try:
             conn_cm = self.pool.connection()
             conn = conn_cm.__enter__()
@@ -132,14 +146,19 @@ class PostgresKV:
         try:
             with conn.cursor() as cur:
                 cur.execute(begin)
+                txn = _Txn(cur, Changes() if write else None)
                 try:
-                    yield _Txn(cur)
+                    yield txn
                 except BaseException:
                     if not conn.broken:
                         cur.execute("ROLLBACK")
                     raise
                 committing = True
-                cur.execute("COMMIT")
+                if txn.changes:
+                    cur.execute(self._sql.SQL("SELECT pg_notify({}, {}); COMMIT").format(
+                        self.channel, payload(self.sender, txn.changes)))
+                else:
+                    cur.execute("COMMIT")
         except self._retryable as e:
             raise _Retry(e) from None
         except self._psycopg.OperationalError as e:
@@ -161,10 +180,16 @@ class PostgresKV:
         return row[0] if row else None
 
     def read(self):
-        return self._transaction("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        return self._transaction("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", False)
 
     def write(self):
-        return self._transaction("BEGIN ISOLATION LEVEL SERIALIZABLE")
+        return self._transaction("BEGIN ISOLATION LEVEL SERIALIZABLE", True)
+
+    def listen(self, on_change) -> Listener:
+        """Call on_change(inodes, entries, everything) from a thread of its own for
+        what other nodes' transactions changed (postgres_feed.py)."""
+        return Listener(self.url, self.channel, self.sender, on_change,
+                        connect_timeout=CONNECT_TIMEOUT)
 
     def run(self, fn):
         """Run fn (its own transactions) until it commits; serialization failures and

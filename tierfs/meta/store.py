@@ -85,6 +85,11 @@ class MetaStore:
         """Make committed transactions survive power loss (blocking: call from a thread)."""
         self.kv.sync()
 
+    def watch(self, on_change):
+        """What other nodes change: on_change(inodes, entries, everything) from a
+        thread, until stop() of what this returns; None on a one-node engine."""
+        return self.kv.listen(on_change)
+
     def reading_in_thread(self):
         """Wrap a worker thread's whole-database reads (LMDB: the map must not move)."""
         return self.kv.reading_in_thread()

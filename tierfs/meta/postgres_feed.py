@@ -1,0 +1,119 @@
+"""What other nodes changed, from PostgreSQL's LISTEN/NOTIFY.
+
+Every write transaction of a PostgresKV that changed an inode record or a
+directory entry sends, in the same round trip as its COMMIT, one notification
+on the filesystem's channel naming what it changed: inode numbers and
+(directory, name) entries. PostgreSQL delivers it only if the transaction
+commits, in commit order. A node's Listener hands other nodes' changes to a
+callback (the mount turns them into kernel cache invalidations) and skips its
+own. After a lost connection it reconnects and reports "everything may have
+changed", since notifications sent meanwhile are gone.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import threading
+from dataclasses import dataclass, field
+
+from . import schema as s
+
+log = logging.getLogger("tierfs.meta")
+
+PAYLOAD_MAX = 7900  # pg_notify refuses 8000 bytes and more
+
+
+@dataclass
+class Changes:
+    """What one transaction changed: inodes (attributes, size, content) and entries."""
+    inodes: set[int] = field(default_factory=set)
+    entries: set[tuple[int, bytes]] = field(default_factory=set)
+
+    def note(self, key: bytes) -> None:
+        tag = key[:1]
+        if tag == b"I":
+            self.inodes.add(s.read_u64(key, 1))
+        elif tag == b"D":
+            self.entries.add((s.read_u64(key, 1), key[9:]))
+
+    def __bool__(self) -> bool:
+        return bool(self.inodes or self.entries)
+
+
+def payload(sender: str, changes: Changes) -> str:
+    """The notification text; past PAYLOAD_MAX it says only "everything" (rare: one
+    transaction changes a few records, a rename four)."""
+    text = json.dumps({"from": sender, "inodes": sorted(changes.inodes),
+                       "entries": sorted([p, n.hex()] for p, n in changes.entries)})
+    if len(text) <= PAYLOAD_MAX:
+        return text
+    return json.dumps({"from": sender, "everything": True})
+
+
+def new_sender() -> str:
+    return secrets.token_hex(8)
+
+
+class Listener:
+    """A thread that listens on `channel` and calls on_change(inodes, entries,
+    everything) for what other senders changed. stop() ends it."""
+
+    def __init__(self, url: str, channel: str, sender: str, on_change, *,
+                 connect_timeout: float = 5.0):
+        import psycopg
+        self._psycopg = psycopg
+        self.url, self.channel, self.sender = url, channel, sender
+        self.on_change = on_change
+        self.connect_timeout = connect_timeout
+        self._stop = threading.Event()
+        self.listening = threading.Event()  # set while LISTEN is in force
+        self._thread = threading.Thread(target=self._run, name="tierfs-meta-feed", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        lost = False
+        while not self._stop.is_set():
+            try:
+                with self._psycopg.connect(self.url, autocommit=True,
+                                           connect_timeout=self.connect_timeout) as conn:
+                    conn.execute(f'LISTEN "{self.channel}"')
+                    self.listening.set()
+                    if lost:  # what was sent while we were away is gone
+                        self._tell(set(), set(), True)
+                        lost = False
+                    while not self._stop.is_set():
+                        for note in conn.notifies(timeout=0.5):
+                            self._deliver(note.payload)
+            except self._psycopg.OperationalError as e:
+                if not lost:
+                    log.warning("metadata change feed lost its connection (%s); "
+                                "reconnecting", str(e).strip().splitlines()[0] if str(e).strip()
+                                else type(e).__name__)
+                lost = True
+                self.listening.clear()
+                self._stop.wait(1.0)
+
+    def _deliver(self, text: str) -> None:
+        try:
+            msg = json.loads(text)
+        except ValueError:
+            log.error("metadata change feed: a notification that is not JSON: %.80r", text)
+            return
+        if msg.get("from") == self.sender:
+            return  # our own change: this node knows already
+        if msg.get("everything"):
+            self._tell(set(), set(), True)
+            return
+        entries = {(int(p), bytes.fromhex(n)) for p, n in msg.get("entries", [])}
+        self._tell({int(i) for i in msg.get("inodes", [])}, entries, False)
+
+    def _tell(self, inodes: set[int], entries: set, everything: bool) -> None:
+        try:
+            self.on_change(inodes, entries, everything)
+        except Exception:  # the feed must outlive a failing callback
+            log.exception("metadata change feed: the change handler failed")
