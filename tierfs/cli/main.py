@@ -9,7 +9,7 @@ from .. import __version__
 from ..config import OPTIONS, MountConfig, build_config, default, format_size
 from ..mountpoint import DEAD_MOUNT
 from ..errors import EXIT_NOT_IN_BUCKET, NotInBucket, UserError
-from . import offline, status, tiering
+from . import dumpload, offline, status, tiering
 
 
 def _add_mount_parser(sub) -> None:
@@ -99,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     tiering.add_parsers(sub)
     offline.add_parsers(sub)
+    dumpload.add_parsers(sub)
     return parser
 
 
@@ -131,6 +132,8 @@ def _run(argv: list[str]) -> int:
             return status.cmd_status(args)
         if args.command in offline.COMMANDS:
             return offline.COMMANDS[args.command](args)
+        if args.command in dumpload.COMMANDS:
+            return dumpload.COMMANDS[args.command](args)
         if args.command in tiering.COMMANDS:
             return tiering.COMMANDS[args.command](args)
     except NotInBucket as e:
