@@ -11,7 +11,7 @@ An engine provides:
   read()                  context manager: a consistent read-only transaction
   write()                 context manager: a read-write transaction, committed on a
                           clean exit and rolled back on an exception
-  run(fn)                 call fn() (which opens its own transactions) and run it again
+  run(fn, *args)          call fn(*args) (which opens its own transactions) and again
                           when the engine says the attempt may be retried (LMDB: its map
                           grew; PostgreSQL: a serialization failure or deadlock)
   scan(txn, start, end, values=True)

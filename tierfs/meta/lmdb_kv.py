@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import os
 from typing import Iterator
@@ -39,26 +40,23 @@ class LmdbKV:
         self.map_size = self.env.info()["map_size"]
         self.max_map_size = max(max_map_size, self.map_size)
         self.thread_readers = 0  # read transactions in worker threads: the map must not move
+        # read() and write() as the environment's own calls: the store's hot path.
+        self.read = functools.partial(self.env.begin, buffers=False)
+        self.write = functools.partial(self.env.begin, write=True)
 
     def get(self, key: bytes) -> bytes | None:
         with self.env.begin(buffers=False) as txn:
             return txn.get(key)
 
-    def read(self):
-        return self.env.begin(buffers=False)
-
-    def write(self):
-        return self.env.begin(write=True)
-
-    def run(self, fn):
-        """Run a write once more after growing a full map; if the map cannot grow
-        (at its limit, or a worker thread is reading), the caller gets ENOSPC."""
+    def run(self, fn, *args, **kwargs):
+        """fn(*args, **kwargs), once more after growing a full map; if the map cannot
+        grow (at its limit, or a worker thread is reading), the caller gets ENOSPC."""
         try:
-            return fn()
+            return fn(*args, **kwargs)
         except lmdb.MapFullError:
             if self.grow():
                 try:
-                    return fn()
+                    return fn(*args, **kwargs)
                 except lmdb.MapFullError:
                     pass
         log.error("metadata database is full (%d bytes): returning ENOSPC", self.map_size)

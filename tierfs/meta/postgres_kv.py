@@ -191,15 +191,15 @@ class PostgresKV:
         return Listener(self.url, self.channel, self.sender, on_change,
                         connect_timeout=CONNECT_TIMEOUT)
 
-    def run(self, fn):
-        """Run fn (its own transactions) until it commits; serialization failures and
+    def run(self, fn, *args, **kwargs):
+        """Run fn(*args, **kwargs) (its own transactions) until it commits; serialization failures and
         deadlocks are retried at once with a short random pause, an unreachable
         server until `wait` has passed since the first failure (then EIO)."""
         first_failure = None
         pause = 0.001
         while True:
             try:
-                return fn()
+                return fn(*args, **kwargs)
             except _Retry as e:
                 cause = e.args[0]
                 now = time.monotonic()

@@ -32,18 +32,22 @@ def _transaction(method):
     """A write: the engine may run it again (see the module's doc)."""
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
-        return self.kv.run(lambda: method(self, *args, **kwargs))
+        return self.kv.run(method, self, *args, **kwargs)
     return wrapper
 
 
+_READS: list[str] = []  # names of the methods below marked @_reads
+
+
 def _reads(method):
-    """A read: only an engine that can fail a read for a while (a database server
-    restarting) runs it again; LMDB calls it directly."""
+    """A read: an engine that can fail a read for a while (a database server
+    restarting) runs it again. On LMDB the store binds the undecorated method
+    instead (MetaStore.__init__), so the hot path pays for no wrapper."""
+    _READS.append(method.__name__)
+
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
-        if self.kv.shared:
-            return self.kv.run(lambda: method(self, *args, **kwargs))
-        return method(self, *args, **kwargs)
+        return self.kv.run(method, self, *args, **kwargs)
     return wrapper
 
 
@@ -66,6 +70,10 @@ class MetaStore:
         """`location`: an engine (kv.py), a postgresql:// URL or an LMDB directory."""
         self.kv = location if not isinstance(location, str) else open_engine(
             location, map_size=map_size, max_map_size=max_map_size)
+        self._read, self._write = self.kv.read, self.kv.write  # one call less per operation
+        if not self.kv.shared:
+            for name in _READS:
+                setattr(self, name, getattr(type(self), name).__wrapped__.__get__(self))
         self.epoch = self.peek_counter(b"epoch")  # last checkpoint sequence begun
         # Objects first referenced in this epoch after its checkpoint copy was taken:
         # no checkpoint can hold them, so once dropped they may go at once. In memory
@@ -93,12 +101,6 @@ class MetaStore:
     def reading_in_thread(self):
         """Wrap a worker thread's whole-database reads (LMDB: the map must not move)."""
         return self.kv.reading_in_thread()
-
-    def _write(self):
-        return self.kv.write()
-
-    def _read(self):
-        return self.kv.read()
 
     def _scan(self, txn, prefix: bytes, start: bytes | None = None, values: bool = True):
         """(key, value) of the keys starting with `prefix`, from `start` on, in order."""
