@@ -55,12 +55,7 @@ def _records(meta) -> Iterator[tuple[bytes, bytes]]:
                             "the filesystem, run `tierfs sync --wait`, unmount, then dump")
 
 
-def dump(meta, path: str) -> int:
-    """Write the namespace of `meta` to `path`; the number of records."""
-    sb = meta.superblock()
-    if sb is None:
-        raise UserError("the source holds no tierfs filesystem")
-    body_path = path + ".body"
+def _write_body(meta, body_path: str):
     digest, count = xxhash.xxh3_64(), 0
     with open(body_path, "wb") as body:
         for key, val in _records(meta):
@@ -68,6 +63,26 @@ def dump(meta, path: str) -> int:
             digest.update(chunk)
             body.write(chunk)
             count += 1
+    return count, digest
+
+
+def _is_empty(meta) -> bool:
+    with meta.kv.read() as txn:
+        return next(iter(meta.kv.scan(txn, b"", KEY_END, values=False)), None) is None
+
+
+def dump(meta, path: str) -> int:
+    """Write the namespace of `meta` to `path`; the number of records."""
+    sb = meta.superblock()
+    if sb is None:
+        raise UserError("the source holds no tierfs filesystem")
+    body_path = path + ".body"
+    try:
+        # run(): a database that fails for a while restarts the whole (consistent) read.
+        count, digest = meta.kv.run(_write_body, meta, body_path)
+    except BaseException:
+        os.unlink(body_path)  # a refused or failed dump leaves nothing behind
+        raise
     header = {MAGIC: VERSION, "format": sb.format_version, "fs_id": sb.fs_id,
               "records": count, "xxh3": digest.hexdigest()}
     with open(path, "wb") as out, open(body_path, "rb") as body:
@@ -122,10 +137,9 @@ def load(path: str, meta) -> dict:
     if header["format"] not in s.READABLE_FORMATS:
         raise UserError(f"{path} holds format {header['format']}; this tierfs reads "
                         f"{s.READABLE_FORMATS}: use a newer tierfs release")
-    with meta.kv.read() as txn:
-        if next(iter(meta.kv.scan(txn, b"", KEY_END, values=False)), None) is not None:
-            raise UserError("the target already holds metadata: load into a new cache dir "
-                            "or an empty database schema")
+    if not meta.kv.run(_is_empty, meta):
+        raise UserError("the target already holds metadata: load into a new cache dir "
+                        "or an empty database schema")
     superblock = None
     batch: list[tuple[bytes, bytes]] = []
     _header, records = _read(path)

@@ -47,8 +47,13 @@ def describe(url: str) -> str:
     return f"postgresql://{user}{host}{port}{parts.path}"
 
 
-class _Retry(Exception):
-    """The attempt failed in a way that running it again may fix."""
+class _Retry(UserError):
+    """The attempt failed in a way that running it again may fix. `run` catches it;
+    one that escapes a caller without `run` still reads as one line."""
+
+    def __str__(self) -> str:
+        return (f"the metadata database failed ({_first_line(self.args[0])}): check that "
+                "PostgreSQL is running and reachable, then try again")
 
 
 class _Txn:
