@@ -325,19 +325,22 @@ def test_descriptors_stay_valid_when_the_extents_are_evicted(pub):
 
 
 def test_read_ahead_is_asked_for_extents_the_page_cache_lacks(pub, monkeypatch):
-    """A sequential reader starts the disk reads of the extents ahead, except of those
-    already cached: the advice costs more than reading a cached extent."""
+    """A sequential reader starts the kernel's readahead of the extents ahead
+    (POSIX_FADV_SEQUENTIAL and a read of their first byte), except of those already
+    cached; a read across extents after a seek has them all read (WILLNEED)."""
     m = pub()
     data = pattern(8 * E, 16)
     p = m.path("f")
     write_file(p, data)
     m.cli("sync", m.mountpoint, "--wait", check=True)  # clean pages: evictable below
-    advised = []
+    advised, streamed = [], []
     real = os.posix_fadvise
 
     def spy(fd, offset, length, advice):
         if advice == os.POSIX_FADV_WILLNEED:
             advised.append(os.readlink(f"/proc/self/fd/{fd}"))
+        elif advice == os.POSIX_FADV_SEQUENTIAL:
+            streamed.append(os.readlink(f"/proc/self/fd/{fd}"))
         return real(fd, offset, length, advice)
 
     monkeypatch.setattr(tdirect.os, "posix_fadvise", spy)
@@ -350,7 +353,7 @@ def test_read_ahead_is_asked_for_extents_the_page_cache_lacks(pub, monkeypatch):
     assert read_sequentially() == data  # the daemon just wrote them: all cached
     if not pagecache.cachestat_works:
         pytest.skip("this kernel cannot tell what the page cache holds (cachestat, Linux 6.5)")
-    assert advised == []
+    assert advised == [] and streamed == []
 
     files = [hot_file(m, p, i) for i in range(8)]
 
@@ -369,16 +372,19 @@ def test_read_ahead_is_asked_for_extents_the_page_cache_lacks(pub, monkeypatch):
 
     evict()
     assert read_sequentially() == data
-    assert advised and set(advised) <= {hot_file(m, p, i) for i in range(1, 8)}
-    assert len(advised) == len(set(advised))  # each extent once
+    assert advised == []  # never whole extents into single pages for a stream
+    assert streamed and set(streamed) <= {hot_file(m, p, i) for i in range(1, 8)}
+    assert len(streamed) == len(set(streamed))  # each extent once
     # After a seek, a read across extents (torch.load reads each tensor so) gets every
     # extent it covers started at once, its first one too.
     evict()
     advised.clear()
+    streamed.clear()
     with tierfs.open(p, "rb", buffering=0) as f:
         f.seek(2 * E + 100)
         assert f.read(3 * E) == data[2 * E + 100:5 * E + 100]
     assert sorted(advised) == [hot_file(m, p, i) for i in range(2, 6)]
+    assert streamed == []
 
 
 def test_reads_go_on_after_the_daemon_is_killed(pub):
