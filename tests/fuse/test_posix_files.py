@@ -478,3 +478,54 @@ def test_unlink_of_inode_known_only_from_readdir(mnt):
             os.close(fd)
     for ino in inos.values():
         eventually(lambda: not meta_has_inode(mnt, ino), what=f"inode {ino} purged")
+
+
+# Takes a lock in another process: prints "held" once it has it, then waits for stdin.
+LOCKER = r"""
+import fcntl, os, sys
+path, kind = sys.argv[1], sys.argv[2]
+fd = os.open(path, os.O_RDWR)
+if kind == "flock":
+    fcntl.flock(fd, fcntl.LOCK_EX)
+else:
+    fcntl.lockf(fd, fcntl.LOCK_EX, 10, 0)
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.parametrize("kind", ["flock", "fcntl"])
+def test_locks_exclude_other_processes_and_go_with_their_holder(d, kind):
+    """flock and fcntl record locks work between processes of this node (the kernel
+    keeps them for the mount: docs/semantics.md)."""
+    import fcntl
+    import sys
+    p = os.path.join(d, "locked")
+    with open(p, "wb") as f:
+        f.write(b"x" * 100)
+    holder = subprocess.Popen([sys.executable, "-c", LOCKER, p, kind],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        fd = os.open(p, os.O_RDWR)
+        try:
+            with pytest.raises(OSError) as e:
+                if kind == "flock":
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                else:
+                    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 10, 0)
+            assert e.value.errno in (errno.EAGAIN, errno.EACCES)
+            if kind == "fcntl":  # a record lock covers its range only
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 10, 50)
+            holder.stdin.close()  # the holder exits: its locks go with it
+            assert holder.wait(30) == 0
+            if kind == "flock":
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            else:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 10, 0)
+        finally:
+            os.close(fd)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
