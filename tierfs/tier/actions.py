@@ -10,33 +10,25 @@ from ..meta.schema import DIRTY, HOT, PINNED
 
 
 async def prefetch(engine, ino: int, parallel: int = 8, for_write: bool = True,
-                   wanted=None) -> dict:
-    """Bring every extent of a file hot; returns bytes fetched and already hot.
+                   wanted=None) -> None:
+    """Bring every extent of a file hot (callers count bytes with hot_bytes()).
     for_write=False lets the cache policy decline (hints under no-replace). No
     neighbours are read around it, except the extents of `wanted` files (inode ->
     bool: asked for in the same request or hint list) packed next to it."""
-    node = engine.meta.get_inode(ino)
     exts = engine.meta.all_extents(ino)
-    E = engine.E
-    out = {"fetched": 0, "already_hot": 0}
     limiter = trio.CapacityLimiter(max(1, parallel))
 
     async def one(idx: int) -> None:
         async with limiter:
-            data = await engine.fetch(ino, idx, for_write=for_write, around=False,
-                                      wanted=wanted)
-            out["fetched"] += len(data)
+            await engine.fetch(ino, idx, for_write=for_write, around=False, wanted=wanted)
 
     try:
         async with trio.open_nursery() as nursery:
             for idx, ext in sorted(exts.items()):
-                if ext.hot:
-                    out["already_hot"] += min(E, max(0, node.size - idx * E))
-                else:
+                if not ext.hot:
                     nursery.start_soon(one, idx)
     except ExceptionGroup as group:
         raise first_error(group) from None
-    return out
 
 
 def hot_bytes(engine, ino: int) -> int:
