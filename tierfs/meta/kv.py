@@ -44,5 +44,11 @@ def prefix_end(prefix: bytes) -> bytes:
     return stripped[:-1] + bytes([stripped[-1] + 1])
 
 
+def first_line(e: BaseException) -> str:
+    """An error's message in one line (a database's can run to several), for logs."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def is_postgres_url(location: str) -> bool:
     return location.startswith(("postgresql://", "postgres://"))

@@ -18,6 +18,7 @@ import threading
 from dataclasses import dataclass, field
 
 from . import schema as s
+from .kv import first_line
 
 log = logging.getLogger("tierfs.meta")
 
@@ -92,8 +93,7 @@ class Listener:
             except self._psycopg.OperationalError as e:
                 if not lost:
                     log.warning("metadata change feed lost its connection (%s); "
-                                "reconnecting", str(e).strip().splitlines()[0] if str(e).strip()
-                                else type(e).__name__)
+                                "reconnecting", first_line(e))
                 lost = True
                 self.listening.clear()
                 self._stop.wait(1.0)

@@ -24,6 +24,7 @@ from typing import Iterator
 from urllib.parse import urlsplit
 
 from ..errors import FsError, UserError
+from .kv import first_line
 from .postgres_feed import Changes, Listener, new_sender, payload
 
 log = logging.getLogger("tierfs.meta")
@@ -52,7 +53,7 @@ class _Retry(UserError):
     one that escapes a caller without `run` still reads as one line."""
 
     def __str__(self) -> str:
-        return (f"the metadata database failed ({_first_line(self.args[0])}): check that "
+        return (f"the metadata database failed ({first_line(self.args[0])}): check that "
                 "PostgreSQL is running and reachable, then try again")
 
 
@@ -111,8 +112,7 @@ class PostgresKV:
                 self._create_schema(conn)
                 schema = conn.execute("SELECT current_schema()").fetchone()[0]
         except psycopg.Error as e:
-            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise UserError(f"cannot use the metadata database {self.where}: {reason}; "
+            raise UserError(f"cannot use the metadata database {self.where}: {first_line(e)}; "
                             "check --meta-url and that PostgreSQL is running") from None
         # One channel per filesystem: a database may hold several, one per schema.
         self.channel = "tierfs_" + hashlib.sha256(schema.encode()).hexdigest()[:16]
@@ -169,7 +169,7 @@ class PostgresKV:
         except self._psycopg.OperationalError as e:
             if committing:
                 log.error("metadata database %s: connection lost during COMMIT (%s); "
-                          "the operation's outcome is unknown", self.where, _first_line(e))
+                          "the operation's outcome is unknown", self.where, first_line(e))
                 raise FsError(errno.EIO) from None
             raise _Retry(e) from None
         finally:
@@ -214,7 +214,7 @@ class PostgresKV:
                     if first_failure is None:
                         first_failure = now
                         log.warning("metadata database %s unreachable (%s); waiting up "
-                                    "to %.0f s", self.where, _first_line(cause), self.wait)
+                                    "to %.0f s", self.where, first_line(cause), self.wait)
                     if now - first_failure >= self.wait:
                         log.error("metadata database %s unreachable for %.0f s: "
                                   "returning EIO", self.where, now - first_failure)
@@ -251,8 +251,3 @@ class PostgresKV:
 
     def close(self) -> None:
         self.pool.close()
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
