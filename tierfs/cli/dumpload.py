@@ -8,7 +8,7 @@ import tempfile
 
 from ..errors import UserError
 from ..meta.kv import is_postgres_url
-from .offline import _log_errors_to_stderr
+from .offline import _log_errors_to_stderr, s3_args
 
 
 def add_parsers(sub) -> None:
@@ -20,9 +20,7 @@ def add_parsers(sub) -> None:
                        "yet is refused: run `tierfs sync --wait` first.")
     p.add_argument("source", metavar="SOURCE", help="cache dir, postgresql:// URL or COLD_URL")
     p.add_argument("file", metavar="FILE")
-    p.add_argument("--s3-endpoint", default=None)
-    p.add_argument("--s3-region", default=None)
-    p.add_argument("--s3-path-style", action="store_true")
+    s3_args(p)
     p = sub.add_parser("load", help="write a dumped namespace into an empty engine",
                        description="Write the namespace in FILE (from `tierfs dump`) into "
                        "TARGET: a new cache dir, or an empty postgresql:// database schema.")
@@ -94,25 +92,26 @@ def cmd_load(args) -> int:
     from ..meta import MetaStore
     from ..meta.dump import check, load
     _log_errors_to_stderr()
-    check(args.file)  # before anything is created
+    header = check(args.file)  # before anything is created
+    lock = None
     if is_postgres_url(args.target):
-        meta = MetaStore(args.target)
         where = args.target
+        meta = MetaStore(where)
     else:
         from ..filesystem import has_metadata, meta_dir
         from ..runtime import lock_cache_dir
-        cache_dir = os.path.abspath(args.target)
-        if has_metadata(cache_dir):
-            raise UserError(f"cache dir {cache_dir} already holds metadata: load into a new, "
+        where = os.path.abspath(args.target)
+        if has_metadata(where):
+            raise UserError(f"cache dir {where} already holds metadata: load into a new, "
                             "empty cache dir")
-        lock = lock_cache_dir(cache_dir)
-        os.close(lock)
-        meta = MetaStore(meta_dir(cache_dir))
-        where = cache_dir
+        lock = lock_cache_dir(where)  # no daemon starts on it while it is written
+        meta = MetaStore(meta_dir(where))
     try:
-        header = load(args.file, meta)
+        load(args.file, header, meta)
     finally:
         meta.close()
+        if lock is not None:
+            os.close(lock)
     print(f"loaded {header['records']} records of filesystem {header['fs_id']} into {where}")
     return 0
 

@@ -11,12 +11,17 @@ from ..errors import UserError
 from .progress import Progress, plural
 
 
-def _location_args(p) -> None:
-    p.add_argument("cold_url", metavar="COLD_URL", help="file:///path or s3://bucket/prefix")
-    p.add_argument("--cache-dir", required=True, help="the node's cache dir")
+def s3_args(p) -> None:
+    """How to reach an S3 bucket, for the commands that open one without a mount."""
     p.add_argument("--s3-endpoint", default=None)
     p.add_argument("--s3-region", default=None)
     p.add_argument("--s3-path-style", action="store_true")
+
+
+def _location_args(p) -> None:
+    p.add_argument("cold_url", metavar="COLD_URL", help="file:///path or s3://bucket/prefix")
+    p.add_argument("--cache-dir", required=True, help="the node's cache dir")
+    s3_args(p)
 
 
 def add_parsers(sub) -> None:

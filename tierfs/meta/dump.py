@@ -55,11 +55,16 @@ def _records(meta) -> Iterator[tuple[bytes, bytes]]:
                             "the filesystem, run `tierfs sync --wait`, unmount, then dump")
 
 
+def _chunk(key: bytes, val: bytes) -> bytes:
+    """One record as the file holds it (and its checksum covers)."""
+    return _LENGTHS.pack(len(key), len(val)) + key + val
+
+
 def _write_body(meta, body_path: str):
     digest, count = xxhash.xxh3_64(), 0
     with open(body_path, "wb") as body:
         for key, val in _records(meta):
-            chunk = _LENGTHS.pack(len(key), len(val)) + key + val
+            chunk = _chunk(key, val)
             digest.update(chunk)
             body.write(chunk)
             count += 1
@@ -123,7 +128,7 @@ def check(path: str) -> dict:
     header, records = _read(path)
     digest, count = xxhash.xxh3_64(), 0
     for key, val in records:
-        digest.update(_LENGTHS.pack(len(key), len(val)) + key + val)
+        digest.update(_chunk(key, val))
         count += 1
     if count != header["records"] or digest.hexdigest() != header["xxh3"]:
         raise UserError(f"{path} is damaged (its checksum or record count does not match): "
@@ -131,9 +136,10 @@ def check(path: str) -> dict:
     return header
 
 
-def load(path: str, meta) -> dict:
-    """Write the dump at `path` into `meta`, which must be empty; its header."""
-    header = check(path)
+def load(path: str, header: dict, meta) -> None:
+    """Write the dump at `path`, whose header check(path) returned (checked before
+    the target was opened, so a damaged dump creates nothing), into `meta`, which
+    must be empty."""
     if header["format"] not in s.READABLE_FORMATS:
         raise UserError(f"{path} holds format {header['format']}; this tierfs reads "
                         f"{s.READABLE_FORMATS}: use a newer tierfs release")
@@ -149,18 +155,17 @@ def load(path: str, meta) -> dict:
             continue
         batch.append((key, val))
         if len(batch) >= BATCH:
-            meta.kv.run(lambda b=batch: _put_all(meta.kv, b))
+            meta.kv.run(_put_all, meta.kv, batch)
             batch = []
     if superblock is None:
         raise UserError(f"{path} holds no superblock: dump the namespace again")
-    meta.kv.run(lambda: _put_all(meta.kv, batch + [(s.SUPERBLOCK_KEY, superblock)]))
+    meta.kv.run(_put_all, meta.kv, batch + [(s.SUPERBLOCK_KEY, superblock)])
     meta.epoch = meta.peek_counter(b"epoch")
     # What the source node held open or was uploading when it stopped is nobody's now.
     for ino in meta.orphans():
         meta.purge_orphan(ino)
     meta.abandon_intents()
     meta.sync()
-    return header
 
 
 def _put_all(kv, items) -> None:
