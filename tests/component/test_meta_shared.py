@@ -11,6 +11,7 @@ import threading
 
 import pytest
 
+from tests.component.test_meta_conformance import always, err, never
 from tests.pg_server import pg_server
 from tierfs.errors import FsError, SessionLost, UserError
 from tierfs.meta import MetaStore, scan
@@ -21,10 +22,6 @@ from tierfs.tier.fsck import Fsck
 REG = stat.S_IFREG | 0o644
 DIR = stat.S_IFDIR | 0o755
 NODES = 3
-
-
-def never(_ino: int) -> bool:
-    return False
 
 
 @pytest.fixture
@@ -189,12 +186,6 @@ def test_database_outage_waits_then_eio_and_work_resumes(own_server):
         meta.close()
 
 
-def err(fn, *args) -> int:
-    with pytest.raises(FsError) as info:
-        fn(*args)
-    return info.value.errno
-
-
 def test_an_unreachable_database_is_one_clear_error(tmp_path):
     url = f"postgresql://postgres@/tierfs?host={tmp_path}"  # no server listens there
     with pytest.raises(UserError) as info:
@@ -212,7 +203,7 @@ def test_an_expired_session_is_ended_by_another_node(nodes):
     held = {}
     for name, m in (("a", a), ("b", b)):  # each holds an unlinked file open, uploads one object
         node = m.create_node(ROOT_INO, name.encode(), REG, 0, 0)
-        m.unlink(ROOT_INO, name.encode(), lambda _ino: True)
+        m.unlink(ROOT_INO, name.encode(), always)
         held[name] = (node.ino, m.next_object_id())
     b.heartbeat()
     assert b.expired_sessions(3600) == []
