@@ -433,10 +433,10 @@ class DirectFile(Positioned):
     def _stream(self, lo: int, hi: int) -> None:
         """Start the kernel's own readahead of extents lo..hi for a sequential reader:
         mark each sequential and read its first byte. Not WILLNEED here: that reads
-        into single pages, and the page cache then serves the next epoch at about
-        0.6 of the speed it serves a file read by its own readahead (in large
-        folios); the readahead started from the first byte ramps up as the reader
-        comes (README, Benchmark: W2 read warm, tierfs.open)."""
+        into single pages, which the page cache serves to the next epoch more slowly
+        than a file read by its own readahead (in large folios); the readahead
+        started from the first byte ramps up as the reader comes (README, Benchmark:
+        W2 read warm, tierfs.open)."""
         for fd in self._uncached(lo, hi):
             try:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
