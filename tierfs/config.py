@@ -94,6 +94,8 @@ class MountConfig:
     metrics_addr: str = "127.0.0.1"
     log_level: str = "INFO"
     force: bool = False
+    meta_url: str | None = None         # postgresql://...: a namespace shared by many nodes
+    session_timeout: float = 30.0
     fault_file: str | None = None       # tests only: steer a fault-injecting store
     meta_map_size: int = 1 << 36        # LMDB map to start with; doubles when full
     meta_max_map_size: int = 1 << 40    # then ENOSPC
@@ -175,6 +177,11 @@ OPTIONS = (
     Option("metrics_addr", "str", "address of the metrics endpoint"),
     Option("log_level", "str", "daemon log level", ("DEBUG", "INFO", "WARNING", "ERROR")),
     Option("force", "bool", "take over the filesystem from another node known to be dead"),
+    Option("meta_url", "str", "keep the namespace in PostgreSQL (postgresql://USER@HOST/DB), "
+           "shared by every node that mounts the filesystem with it (default: LMDB in the "
+           "cache dir, one node)"),
+    Option("session_timeout", "float", "seconds without a heartbeat after which other nodes "
+           "end a node's session (shared namespace)", low=3),
     Option("fault_file", "str", "tests only", hidden=True),
     Option("compact_interval", "float", "seconds between compaction passes", hidden=True,
            low=0, above=True),
@@ -371,6 +378,10 @@ def _check_together(merged: dict, given: dict) -> None:
                 f"{format_size(min_cache_size(dflt))} with the default {format_size(dflt)} "
                 f"extents, and never less than {format_size(need)} (with the smallest, "
                 f"{format_size(MIN_EXTENT)}); raise it")
+    url = merged.get("meta_url")
+    if url and not url.startswith(("postgresql://", "postgres://")):
+        raise UserError(f"{what('meta_url')} is not a PostgreSQL URL: use "
+                        f"postgresql://USER@HOST[:PORT]/DATABASE")
     low, high = merged.get("meta_map_size"), merged.get("meta_max_map_size")
     if low and high and high < low:
         raise UserError(f"{what('meta_max_map_size')} is smaller than "

@@ -82,6 +82,9 @@ def attach(cfg, cold, *, force: bool = False, allow_recover: bool = True, state=
     """Returns (meta store, superblock, lease, notes for the user)."""
     notes = []
     sb = read_superblock(cold)
+    if sb is not None and sb.shared:
+        raise UserError(f"the namespace of the filesystem at {cold.describe()} is kept in a "
+                        f"shared database: mount it with --meta-url postgresql://...")
     local_exists = has_metadata(cfg.cache_dir)
     if sb is None and local_exists:
         probe = open_meta(cfg)
@@ -139,3 +142,64 @@ def _attach_metadata(cfg, cold, sb, allow_recover: bool, lease: Lease):
             f"{Lease.describe(lease.previous)} has written it since; move the cache dir "
             f"away (or use an empty --cache-dir) to mount from the bucket's newest checkpoint")
     return meta, []
+
+
+def attach_shared(cfg, cold):
+    """A namespace in a shared engine (--meta-url): returns (shared store, this node's
+    own store in the cache dir, superblock, notes for the user)."""
+    notes = []
+    found = read_superblock(cold)
+    shared = MetaStore(cfg.meta_url)
+    try:
+        sb = shared.superblock()
+        if sb is None and found is not None:
+            raise UserError(
+                f"{cold.describe()} holds filesystem {found.fs_id}, whose namespace is not in "
+                f"this database: move it there with `tierfs dump` and `tierfs load`, or use "
+                f"an empty bucket location")
+        if sb is None:
+            new = Superblock(fs_id=str(uuid.uuid4()), extent_size=cfg.extent_size,
+                             created_ns=time.time_ns(), shared=True)
+            sb = shared.claim(new, os.getuid(), os.getgid())
+            if sb is new:
+                notes.append(f"created a new tierfs filesystem {sb.fs_id} at "
+                             f"{cold.describe()} with its namespace in the shared database "
+                             f"(extent size {sb.extent_size})")
+        if found is not None and found.fs_id != sb.fs_id:
+            raise UserError(f"the database holds filesystem {sb.fs_id}, but {cold.describe()} "
+                            f"holds {found.fs_id}: use the matching bucket location or "
+                            f"database schema")
+        if found is not None and not found.shared:
+            lease = Lease(cold, cfg.cache_dir, cfg.mountpoint).read()
+            if lease and not lease.get("released") and lease.get("expires", 0) > time.time():
+                raise UserError(f"{Lease.describe(lease)} mounts this filesystem with its "
+                                f"namespace in LMDB: unmount it there first")
+        sb.shared = True
+        if found is None or not found.shared or found.format_version != sb.format_version:
+            note = upgrade(cold, shared, sb)
+            if note:
+                notes.append(note)
+            else:
+                shared.put_superblock(sb)
+                cold.put(SUPERBLOCK_OBJECT, sb.encode())
+        local = _own_store(cfg, sb)
+    except BaseException:
+        shared.close()
+        raise
+    return shared, local, sb, notes
+
+
+def _own_store(cfg, sb: Superblock) -> MetaStore:
+    """This node's own LMDB in the cache dir: what it holds of a shared namespace.
+    One that belongs to another filesystem is refused; a missing one starts empty."""
+    local = open_meta(cfg)
+    mine = local.superblock()
+    if mine is None:
+        local.format(sb, os.getuid(), os.getgid())
+    elif mine.fs_id != sb.fs_id or not mine.shared:
+        local.close()
+        what = (f"filesystem {mine.fs_id}" if mine.fs_id != sb.fs_id
+                else "the one-node (LMDB) namespace of this filesystem")
+        raise UserError(f"cache dir {cfg.cache_dir} holds {what}: use an empty --cache-dir "
+                        f"with --meta-url")
+    return local

@@ -8,6 +8,7 @@ import logging
 import os
 import resource
 import signal
+import socket
 
 import pyfuse3
 import trio
@@ -15,10 +16,11 @@ import trio
 from . import exit_report, registry, sdnotify
 from .config import MountConfig
 from .errors import ColdStoreError, UserError
-from .filesystem import attach, open_cold
+from .filesystem import attach, attach_shared, open_cold
 from .fs import request_wait
 from .fs.control import Control
 from .fs.ops import Operations
+from .fs.shared_ops import SharedOperations
 from .hot import HotStore
 from .mountpoint import check_fuse_available, check_mountpoint
 from .tier.checkpoint import Checkpointer, Fenced
@@ -26,6 +28,8 @@ from .tier.engine import Engine
 from .tier.compact import Compactor
 from .tier.gc import GarbageCollector
 from .tier.hinted import HintQueue
+from .tier.sessions import SessionKeeper
+from .tier.shared_view import SharedView
 from .tier.space import Space, check_cache_size
 from .tier.state import NodeState
 from .tier.stats import Stats
@@ -95,6 +99,8 @@ class Daemon:
         self.state = NodeState()
         self._lock_fd = None
         self.meta = None
+        self.shared = None  # the shared namespace's store (--meta-url), else None
+        self.feed = None
         self.engine = None
         self.lease = None
         self.mounted = False
@@ -113,8 +119,16 @@ class Daemon:
         self._lock_fd = lock_cache_dir(cfg.cache_dir)
         self.on_cache_dir_locked()
         self.cold = open_cold(cfg, self.stats)
-        self.meta, self.sb, self.lease, notes = attach(cfg, self.cold, force=cfg.force,
-                                                       state=self.state)
+        if cfg.meta_url:
+            # With its writeback cache the kernel trusts its own idea of a file's size
+            # and never takes a smaller one from us: another node's shorter rewrite
+            # would read as the old length, zero-filled. Shared: off.
+            cfg.writeback_cache = False
+            self.shared, self.meta, self.sb, notes = attach_shared(cfg, self.cold)
+            self.shared.open_session(socket.gethostname(), os.getpid(), cfg.mountpoint)
+        else:
+            self.meta, self.sb, self.lease, notes = attach(cfg, self.cold, force=cfg.force,
+                                                           state=self.state)
         self.notes += notes
         if self.meta.abandon_intents():
             log.info("uploads interrupted by the last shutdown were queued for cleanup")
@@ -131,9 +145,36 @@ class Daemon:
                            policy=cfg.cache_policy, wait_limit=cfg.write_wait)
         check_cache_size(self.space, self.sb.extent_size)
         self.engine.space = self.space
+        # Packs are not shared yet: on a shared namespace every extent is its own object.
         self.uploader = Uploader(self.engine, self.space, delay=cfg.upload_delay,
-                                 parallel=cfg.upload_parallel, pack_below=cfg.pack_below,
+                                 parallel=cfg.upload_parallel,
+                                 pack_below=0 if self.shared else cfg.pack_below,
                                  pack_size=cfg.pack_size)
+        self.hints = HintQueue(self.engine)
+        if self.shared:
+            self._prepare_shared()
+        else:
+            self._prepare_lmdb()
+        self.control = Control(self)
+        if cfg.metrics_port:
+            from . import metrics
+            try:
+                metrics.serve(self, cfg.metrics_port, cfg.metrics_addr)
+            except OSError as e:
+                raise UserError(f"cannot serve metrics on {cfg.metrics_addr}:{cfg.metrics_port} "
+                                f"({e.strerror}): choose another --metrics-port") from None
+        if self.shared:
+            self.ops = SharedOperations(self.shared, self.view, self.engine,
+                                        timeout=cfg.attr_timeout, control=self.control)
+        else:
+            self.ops = Operations(self.meta, self.engine, timeout=cfg.attr_timeout,
+                                  control=self.control)
+        self.ops.enable_writeback_cache = cfg.writeback_cache
+        self.ops.xattrs = cfg.xattr
+
+    def _prepare_lmdb(self) -> None:
+        """One node: the lease, LMDB checkpoints into the bucket, compaction of packs."""
+        cfg = self.cfg
         self.gc = GarbageCollector(self.engine)
         self.compactor = Compactor(self.engine, dead_share=cfg.compact_dead,
                                    rate=cfg.compact_rate, pack_size=cfg.pack_size,
@@ -145,19 +186,45 @@ class Daemon:
                                          keep=cfg.checkpoint_keep)
         self.checkpointer.load()
         self.gc.still_ours = self.checkpointer.still_ours = self.lease.still_mine
-        self.hints = HintQueue(self.engine)
-        self.control = Control(self)
-        if cfg.metrics_port:
-            from . import metrics
-            try:
-                metrics.serve(self, cfg.metrics_port, cfg.metrics_addr)
-            except OSError as e:
-                raise UserError(f"cannot serve metrics on {cfg.metrics_addr}:{cfg.metrics_port} "
-                                f"({e.strerror}): choose another --metrics-port") from None
-        self.ops = Operations(self.meta, self.engine, timeout=cfg.attr_timeout,
-                              control=self.control)
-        self.ops.enable_writeback_cache = cfg.writeback_cache
-        self.ops.xattrs = cfg.xattr
+        self.tasks = [self.uploader.run, self.gc.run, self.compactor.run,
+                      self.checkpointer.run, self.lease.run, self.hints.run]
+
+    def _prepare_shared(self) -> None:
+        """Many nodes: a session instead of the lease, the shared engine as the
+        namespace's home (no checkpoints), this node's view of it kept in step."""
+        cfg = self.cfg
+        self.view = SharedView(self.shared, self.engine, wait=cfg.cold_timeout)
+        self.view.hurry = self.uploader.hurry
+        self.uploader.on_finished = self.view.uploaded
+        # Objects another node may still be reading wait a while before they go.
+        grace = max(2 * cfg.attr_timeout, 60.0)
+        self.gc = GarbageCollector(self.engine, grace=grace)
+        self.shared_gc = GarbageCollector(self.engine, meta=self.shared, grace=grace)
+        self.lease = SessionKeeper(self.shared, self.state, timeout=cfg.session_timeout)
+        self.checkpointer = self.view  # sync --wait: the files' shared records
+        self.uploader.paused = self.gc.paused = self.shared_gc.paused = \
+            lambda: self.state.fenced
+        self.gc.still_ours = self.shared_gc.still_ours = self.lease.still_mine
+        self.tasks = [self.uploader.run, self.gc.run, self.shared_gc.run, self.view.run,
+                      self.lease.run, self.hints.run]
+
+    def _on_change(self, inodes, entries, everything) -> None:
+        """Another node changed these (the change feed's thread): the kernel's cached
+        attributes and names of them go, so stat and lookups ask again."""
+        if everything:
+            inodes = set(self.ops.lookups)
+        for ino in inodes:
+            if ino in self.ops.lookups:
+                try:
+                    pyfuse3.invalidate_inode(ino, attr_only=True)
+                except OSError:
+                    pass  # the kernel let go of it meanwhile
+        for parent, name in entries:
+            if parent in self.ops.lookups:
+                try:
+                    pyfuse3.invalidate_entry(parent, name)
+                except OSError:
+                    pass
 
     def fuse_options(self) -> set[str]:
         opts = {"fsname=tierfs", "subtype=tierfs"}
@@ -185,8 +252,13 @@ class Daemon:
             nursery.start_soon(self.control.serve, os.path.join(self.cfg.cache_dir, "control.sock"))
             nursery.start_soon(self._background)
             request_wait.install(self.stats)
+            if self.shared is not None:
+                self.feed = self.shared.watch(self._on_change)
             await pyfuse3.main()
             log.info("FUSE session ended; shutting down")
+            if self.feed is not None:  # no kernel to tell any more
+                feed, self.feed = self.feed, None
+                await trio.to_thread.run_sync(feed.stop)
             sdnotify.notify("STOPPING=1")  # under systemd: the final flush may take a while
             nursery.cancel_scope.cancel()
         await self._final_flush()
@@ -202,8 +274,7 @@ class Daemon:
     async def _background(self) -> None:
         async with trio.open_nursery() as nursery:
             self.engine.nursery = nursery
-            for task in (self.uploader.run, self.gc.run, self.compactor.run,
-                         self.checkpointer.run, self.lease.run, self.hints.run):
+            for task in self.tasks:
                 nursery.start_soon(self._supervised, task)
 
     async def _supervised(self, task) -> None:
@@ -296,9 +367,15 @@ class Daemon:
         if self.lease is not None:
             self.lease.release()
             self.lease = None
+        if self.feed is not None:
+            self.feed.stop()
+            self.feed = None
         if self.meta is not None:
             self.meta.close()
             self.meta = None
+        if self.shared is not None:
+            self.shared.close()
+            self.shared = None
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None

@@ -249,6 +249,12 @@ def _protected_symlinks() -> bool:
 
 # ---- the control command -----------------------------------------------------------------
 
+# Files of a namespace shared by many nodes must be opened through the mount, whose
+# open and close keep them consistent across nodes.
+SHARED_NAMESPACE = ("the namespace is shared by many nodes (--meta-url): files open "
+                    "through the mount, which keeps them consistent across nodes")
+
+
 class DirectOpen:
     """The daemon's side of tierfs.open(): resolves, checks, makes extents hot and
     verified, and sends descriptors of their hot files."""
@@ -270,6 +276,8 @@ class DirectOpen:
 
     # ---- request ------------------------------------------------------------------------
     async def cmd_direct_open(self, req, reply):
+        if self.daemon.shared is not None:
+            return {"use_mount": SHARED_NAMESPACE}
         if not self.daemon.cfg.default_permissions:
             return {"use_mount": "the mount runs with --no-default-permissions, so the "
                                  "daemon cannot check access the way the kernel does"}

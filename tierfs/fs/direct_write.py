@@ -40,7 +40,7 @@ import trio
 
 from ..errors import FsError, TierfsError
 from ..tier.direct_write import DirectWrites
-from .direct import MAX_FDS, _Line
+from .direct import MAX_FDS, SHARED_NAMESPACE, _Line
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,8 @@ class DirectWrite:
         self._mount_dev: int | None = None
 
     async def cmd_direct_write(self, req, reply):
+        if self.daemon.shared is not None:
+            raise TierfsError(SHARED_NAMESPACE)
         sessions = reply.conn.get("write_sessions")
         if sessions is None:
             sessions = reply.conn["write_sessions"] = {}

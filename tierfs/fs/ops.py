@@ -18,6 +18,7 @@ import trio
 
 from ..errors import FsError, TierfsError
 from ..meta import MetaStore
+from ..meta.store import count_blocks
 from ..meta.schema import Inode
 from ..tier.engine import Engine, kill_suid
 
@@ -96,7 +97,7 @@ class Operations(pyfuse3.Operations):
         self._next_fh = 1
 
     # ---- helpers ------------------------------------------------------------------
-    def _entry(self, node: Inode) -> pyfuse3.EntryAttributes:
+    def _entry(self, node: Inode, blocks: int | None = None) -> pyfuse3.EntryAttributes:
         e = pyfuse3.EntryAttributes()
         e.st_ino = node.ino
         e.generation = node.generation
@@ -109,21 +110,16 @@ class Operations(pyfuse3.Operations):
         e.st_rdev = node.rdev
         e.st_size = node.size
         e.st_blksize = BLKSIZE
-        e.st_blocks = self._blocks(node)
+        e.st_blocks = self._blocks(node) if blocks is None else blocks
         e.st_atime_ns = node.atime_ns
         e.st_mtime_ns = node.mtime_ns
         e.st_ctime_ns = node.ctime_ns
         return e
 
     def _blocks(self, node: Inode) -> int:
-        """512-byte blocks that hold data: holes (missing extents) count nothing."""
         if not stat.S_ISREG(node.mode) or node.size == 0:
-            return (node.size + 511) // 512 if stat.S_ISLNK(node.mode) else 0
-        E = self.engine.E
-        last = (node.size - 1) // E
-        covered = sum(min(E, node.size - i * E)
-                      for i in self.meta.extent_indices(node.ino) if i <= last)
-        return (covered + 511) // 512
+            return count_blocks(node, (), self.engine.E)
+        return count_blocks(node, self.meta.extent_indices(node.ino), self.engine.E)
 
     def _looked_up(self, ino: int, n: int = 1) -> None:
         self.lookups[ino] = self.lookups.get(ino, 0) + n
@@ -131,7 +127,7 @@ class Operations(pyfuse3.Operations):
     def _in_use(self, ino: int) -> bool:
         return ino in self.lookups or ino in self.open_count
 
-    def _maybe_purge(self, ino: int) -> None:
+    async def _maybe_purge(self, ino: int) -> None:
         if not self._in_use(ino) and self.meta.purge_orphan(ino):
             self.engine.drop_inode(ino)
 
@@ -164,7 +160,7 @@ class Operations(pyfuse3.Operations):
                     self.lookups[ino] = left
                 else:
                     self.lookups.pop(ino, None)
-                    self._maybe_purge(ino)
+                    await self._maybe_purge(ino)
         except Exception:
             log.exception("forget failed")
 
@@ -317,7 +313,7 @@ class Operations(pyfuse3.Operations):
                 self.open_count[handle.ino] = left
             else:
                 del self.open_count[handle.ino]
-                self._maybe_purge(handle.ino)
+                await self._maybe_purge(handle.ino)
         except Exception:
             log.exception("release failed")
         self.stats.observe("fuse_op_seconds", "release", time.perf_counter() - t0)

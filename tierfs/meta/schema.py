@@ -23,12 +23,20 @@ record version, so a later format can still read older records.
   U    b'U' object id:u64                    owner : upload in flight (gc'd if its owner dies)
   N    b'N' session:u64                      Session (JSON): one mount of a shared engine,
                                              with its heartbeat
+  H    b'H' ino:u64 session:u64              bytes:u64 node name : a file with data only
+                                             on that session's node (shared engines)
+  W    b'W' ino:u64                          b'' : this node changed the file since it last
+                                             published it (a node's own LMDB, shared mode)
   owner: b'' on LMDB (one node), else the session id:u64 of the mount that wrote it
   P    b'P' object id:u64                    Pack: total bytes:u64, live bytes:u64 (an object
                                              holding the extents of several small files)
   R    b'R' object id:u64 offset:u64         length:u64 ino:u64 index:u64 : one live reference
                                              into a pack, by the extent that holds it; the
                                              pack goes to gc when its last one is dropped
+
+On a shared engine an extent record says only where its data is: flags are DIRTY
+or 0 (hot, pinned and verified belong to each node's own LMDB); a DIRTY extent's
+data is on one node only, and its obj_off names that node's session (obj_id 0).
 
 An object without a P record holds one extent (format 1 wrote only these; large
 extents still get them). Format 2 added P and R.
@@ -126,6 +134,18 @@ def session_key(sid: int) -> bytes:
     return b"N" + _U64.pack(sid)
 
 
+def held_key(ino: int, sid: int) -> bytes:
+    return b"H" + _U64x2.pack(ino, sid)
+
+
+def held_prefix(ino: int) -> bytes:
+    return b"H" + _U64.pack(ino)
+
+
+def unpublished_key(ino: int) -> bytes:
+    return b"W" + _U64.pack(ino)
+
+
 def pack_key(obj_id: int) -> bytes:
     return b"P" + _U64.pack(obj_id)
 
@@ -165,18 +185,21 @@ class Superblock:
     extent_size: int
     format_version: int = FORMAT_VERSION
     created_ns: int = 0
+    shared: bool = False  # the namespace is in a shared engine (--meta-url), not LMDB
 
     def encode(self) -> bytes:
-        return json.dumps(
-            {"format": self.format_version, "fs_id": self.fs_id,
-             "extent_size": self.extent_size, "created_ns": self.created_ns},
-            sort_keys=True).encode()
+        d = {"format": self.format_version, "fs_id": self.fs_id,
+             "extent_size": self.extent_size, "created_ns": self.created_ns}
+        if self.shared:
+            d["namespace"] = "shared"
+        return json.dumps(d, sort_keys=True).encode()
 
     @classmethod
     def decode(cls, raw: bytes) -> "Superblock":
         d = json.loads(raw)
         return cls(fs_id=d["fs_id"], extent_size=d["extent_size"],
-                   format_version=d["format"], created_ns=d.get("created_ns", 0))
+                   format_version=d["format"], created_ns=d.get("created_ns", 0),
+                   shared=d.get("namespace") == "shared")
 
 
 _INODE_V1 = struct.Struct("<BIIIQIqqqQQQQ")
@@ -254,6 +277,23 @@ class Extent:
     def ref(self) -> tuple[int, int, int]:
         """(object id, offset, length): where its bytes are in the bucket."""
         return self.obj_id, self.obj_off, self.obj_len
+
+    def published(self, holder: int) -> "Extent":
+        """This node's record as a shared engine holds it: where the data is, no
+        node-local bits; dirty data is named as held by session `holder`."""
+        if self.dirty:
+            return Extent(DIRTY, obj_off=holder)
+        return Extent(0, self.length, self.checksum, self.obj_id, self.obj_off, self.obj_len)
+
+    @property
+    def holder(self) -> int:
+        """The session holding a published dirty extent's data."""
+        return self.obj_off if self.dirty else 0
+
+    def same_data(self, other: "Extent") -> bool:
+        """Whether two clean records name the same bytes in the bucket."""
+        return (not self.dirty and not other.dirty and self.ref == other.ref
+                and self.length == other.length and self.checksum == other.checksum)
 
     @classmethod
     def decode(cls, raw: bytes) -> "Extent":

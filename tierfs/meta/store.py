@@ -55,6 +55,17 @@ def now_ns() -> int:
     return time.time_ns()
 
 
+def count_blocks(node: Inode, indices: Iterable[int], extent_size: int) -> int:
+    """512-byte blocks that hold a file's data (st_blocks): holes (missing extents)
+    count nothing; a symlink counts its target."""
+    if not stat.S_ISREG(node.mode) or node.size == 0:
+        return (node.size + 511) // 512 if stat.S_ISLNK(node.mode) else 0
+    E = extent_size
+    last = (node.size - 1) // E
+    covered = sum(min(E, node.size - i * E) for i in indices if i <= last)
+    return (covered + 511) // 512
+
+
 def open_engine(location: str, *, map_size: int = DEFAULT_MAP_SIZE,
                 max_map_size: int = MAX_MAP_SIZE, wait: float = 60.0):
     """The key-value engine for a location: a postgresql:// URL or an LMDB directory."""
@@ -82,6 +93,9 @@ class MetaStore:
         self._copying = False  # between begin_epoch() and copy_taken(): nothing is fresh
         self._ids: dict[bytes, tuple[int, int]] = {}  # counter -> this node's (next, end)
         self._ids_lock = threading.Lock()  # stores are called from worker threads too
+        # Where a node's own LMDB gets object ids when the namespace is shared: from
+        # the shared engine's blocks (SharedView), so ids stay unique across nodes.
+        self.object_ids: Callable[[], int] | None = None
         self.session: int | None = None  # this mount's session on a shared engine
         self._owner = b""  # what its orphan and upload-intent records say (schema: owner)
 
@@ -122,14 +136,28 @@ class MetaStore:
     @_transaction
     def format(self, sb: Superblock, uid: int, gid: int) -> None:
         """Create an empty filesystem: superblock, counters and the root directory."""
+        with self._write() as txn:
+            self._format(txn, sb, uid, gid)
+
+    def _format(self, txn, sb: Superblock, uid: int, gid: int) -> None:
         t = now_ns()
         root = Inode(s.ROOT_INO, stat.S_IFDIR | 0o755, uid, gid, nlink=2,
                      atime_ns=t, mtime_ns=t, ctime_ns=t, parent=s.ROOT_INO)
+        txn.put(s.SUPERBLOCK_KEY, sb.encode())
+        txn.put(s.counter_key(b"ino"), s.u64(s.ROOT_INO + 1))
+        txn.put(s.counter_key(b"obj"), s.u64(1))
+        txn.put(s.inode_key(s.ROOT_INO), root.encode())
+
+    @_transaction
+    def claim(self, sb: Superblock, uid: int, gid: int) -> Superblock:
+        """A shared engine: format it with `sb` unless it holds a filesystem already
+        (nodes mounting a new one at once agree on the first); the one it holds."""
         with self._write() as txn:
-            txn.put(s.SUPERBLOCK_KEY, sb.encode())
-            txn.put(s.counter_key(b"ino"), s.u64(s.ROOT_INO + 1))
-            txn.put(s.counter_key(b"obj"), s.u64(1))
-            txn.put(s.inode_key(s.ROOT_INO), root.encode())
+            raw = txn.get(s.SUPERBLOCK_KEY)
+            if raw is not None:
+                return Superblock.decode(raw)
+            self._format(txn, sb, uid, gid)
+        return sb
 
     def _next(self, txn, name: bytes, count: int = 1) -> int:
         """The first of `count` fresh values of a counter."""
@@ -162,7 +190,7 @@ class MetaStore:
     @_transaction
     def next_object_id(self) -> int:
         """A fresh object id, recorded as an upload intent until the upload ends."""
-        reserved = self._reserve_id(b"obj")
+        reserved = self.object_ids() if self.object_ids else self._reserve_id(b"obj")
         with self._write() as txn:
             obj_id = reserved if reserved is not None else self._next(txn, b"obj")
             txn.put(s.intent_key(obj_id), self._owner)
@@ -579,7 +607,7 @@ class MetaStore:
         txn.delete(s.inode_key(ino))
         txn.delete(s.symlink_key(ino))
         txn.delete(s.orphan_key(ino))
-        for prefix in (s.xattr_prefix(ino), s.extent_prefix(ino)):
+        for prefix in (s.xattr_prefix(ino), s.extent_prefix(ino), s.held_prefix(ino)):
             keys = []
             for key, val in list(self._scan(txn, prefix)):
                 keys.append(key)
@@ -823,6 +851,149 @@ class MetaStore:
         if sid == self.session:
             self.session, self._owner = None, b""
         return len(orphans), len(intents)
+
+    @_reads
+    def held(self) -> list[tuple[int, int, int, str]]:
+        """(ino, session, bytes, node) of files with data only on one node."""
+        with self._read() as txn:
+            return [(s.read_u64(k, 1), s.read_u64(k, 9), s.read_u64(v), v[8:].decode())
+                    for k, v in self._scan(txn, b"H")]
+
+    # ---- a node's view of a shared namespace (tier/shared_view.py) -----------------
+    def _with_blocks(self, txn, node: Inode, extent_size: int) -> tuple[Inode, int]:
+        indices = ()
+        if stat.S_ISREG(node.mode) and node.size:
+            indices = [s.read_u64(k, 9)
+                       for k, _ in self._scan(txn, s.extent_prefix(node.ino), values=False)]
+        return node, count_blocks(node, indices, extent_size)
+
+    @_reads
+    def attrs(self, ino: int, extent_size: int, name: bytes | None = None
+              ) -> tuple[Inode, int]:
+        """An inode (or, with `name`, its entry of that name) with its st_blocks, in
+        one snapshot."""
+        with self._read() as txn:
+            if name == b"..":
+                ino = self._get(txn, ino).parent
+            elif name is not None and name != b".":
+                if len(name) > NAME_MAX:
+                    raise FsError(errno.ENAMETOOLONG)
+                raw = txn.get(s.dentry_key(ino, name))
+                if raw is None:
+                    raise FsError(errno.ENOENT)
+                ino = s.read_u64(raw)
+            return self._with_blocks(txn, self._get(txn, ino), extent_size)
+
+    @_reads
+    def readdir_plus(self, ino: int, after_cookie: int, limit: int, extent_size: int):
+        """The directory, its parent and up to `limit` entries after a cookie with their
+        attributes and st_blocks, in one snapshot: (dir, parent, [(cookie, name,
+        (inode, blocks))])."""
+        with self._read() as txn:
+            node = self._get(txn, ino)
+            parent = self._get(txn, node.parent or ino)
+            page = []
+            start = s.cookie_key(ino, max(after_cookie + 1, s.FIRST_COOKIE))
+            for key, name in self._scan(txn, s.cookie_prefix(ino), start):
+                if len(page) >= limit:
+                    break
+                page.append((s.read_u64(key, 9), name))
+            dents = self.kv.get_many(txn, [s.dentry_key(ino, name) for _c, name in page])
+            page = [(c, n, s.read_u64(d)) for (c, n), d in zip(page, dents) if d is not None]
+            raws = self.kv.get_many(txn, [s.inode_key(i) for _c, _n, i in page])
+            out = [(c, n, self._with_blocks(txn, Inode.decode(i, raw), extent_size))
+                   for (c, n, i), raw in zip(page, raws) if raw is not None]
+            return node, parent, out
+
+    @_transaction
+    def modify_inode(self, ino: int, change: Callable[[Inode], None]) -> Inode:
+        """change(inode) applied to the record in one transaction (it may run twice:
+        it must only assign); returns the new inode."""
+        with self._write() as txn:
+            node = self._get(txn, ino)
+            change(node)
+            txn.put(s.inode_key(ino), node.encode())
+        return node
+
+    @_reads
+    def file_view(self, ino: int) -> tuple[Inode, dict[int, Extent], list[int]]:
+        """A file's inode, every extent record and which of their objects are packs,
+        in one snapshot."""
+        with self._read() as txn:
+            node = self._get(txn, ino)
+            exts = {s.read_u64(k, 9): Extent.decode(v)
+                    for k, v in self._scan(txn, s.extent_prefix(ino))}
+            ids = sorted({e.obj_id for e in exts.values() if e.obj_id})
+            raws = self.kv.get_many(txn, [s.pack_key(i) for i in ids]) if ids else []
+            return node, exts, [i for i, raw in zip(ids, raws) if raw is not None]
+
+    @_transaction
+    def publish(self, ino: int, size: int, mtime_ns: int, ctime_ns: int,
+                extents: dict[int, Extent], holder: int, held_bytes: int,
+                node_name: str) -> bool:
+        """Make a file's shared records say what one node has: its size and times, and
+        all its extent records (published form); objects no record names any more go
+        to gc. `held_bytes` of its data are on that node only. False: the file is gone."""
+        with self._write() as txn:
+            raw = txn.get(s.inode_key(ino))
+            if raw is None:
+                return False
+            node = Inode.decode(ino, raw)
+            node.size, node.mtime_ns = size, mtime_ns
+            node.ctime_ns = max(node.ctime_ns, ctime_ns)
+            txn.put(s.inode_key(ino), node.encode())
+            old = {s.read_u64(k, 9): Extent.decode(v)
+                   for k, v in self._scan(txn, s.extent_prefix(ino))}
+            for idx, ext in old.items():
+                new = extents.get(idx)
+                if ext.obj_id and (new is None or new.ref != ext.ref):
+                    self._drop_object(txn, ext.ref)
+                if new is None:
+                    txn.delete(s.extent_key(ino, idx))
+            for idx, new in extents.items():
+                if old.get(idx) != new:
+                    txn.put(s.extent_key(ino, idx), new.encode())
+            for key, _ in list(self._scan(txn, s.held_prefix(ino), values=False)):
+                txn.delete(key)
+            if held_bytes or any(e.dirty for e in extents.values()):
+                txn.put(s.held_key(ino, holder), s.u64(held_bytes) + node_name.encode())
+        return True
+
+    @_transaction
+    def take_view(self, node: Inode, extents: dict[tuple[int, int], Extent | None],
+                  packs: Iterable[int]) -> None:
+        """A node's own LMDB: hold the shared inode and extent records as pulled, and
+        mark objects that are packs (another node's: with no references recorded here,
+        this node never deletes them)."""
+        with self._write() as txn:
+            txn.put(s.inode_key(node.ino), node.encode())
+            for (ino, idx), ext in extents.items():
+                if ext is None:
+                    txn.delete(s.extent_key(ino, idx))
+                else:
+                    txn.put(s.extent_key(ino, idx), ext.encode())
+            for obj_id in packs:
+                if txn.get(s.pack_key(obj_id)) is None:
+                    txn.put(s.pack_key(obj_id), Pack(0, 0).encode())
+
+    @_transaction
+    def purge(self, ino: int) -> None:
+        """A node's own LMDB: forget an inode the shared namespace purged."""
+        with self._write() as txn:
+            self._purge(txn, ino)
+            txn.delete(s.unpublished_key(ino))
+
+    @_transaction
+    def set_unpublished(self, ino: int, on: bool) -> None:
+        with self._write() as txn:
+            if on:
+                txn.put(s.unpublished_key(ino), b"")
+            else:
+                txn.delete(s.unpublished_key(ino))
+
+    @_reads
+    def unpublished(self) -> list[int]:
+        return [s.read_u64(k, 1) for k in self._keys(b"W")]
 
     @_transaction
     def delete_raw(self, keys: Iterable[bytes]) -> None:

@@ -6,6 +6,7 @@ reference, so an object is deleted only after that change is committed.
 from __future__ import annotations
 
 import logging
+import time
 
 import trio
 
@@ -16,10 +17,18 @@ log = logging.getLogger(__name__)
 
 
 class GarbageCollector:
-    def __init__(self, engine, interval: float = 2.0, batch: int = 256):
+    def __init__(self, engine, interval: float = 2.0, batch: int = 256, *, meta=None,
+                 grace: float = 0.0):
+        """`meta`: the store whose gc table this collects (default: the engine's; a
+        shared one is called in worker threads). `grace`: seconds an object waits
+        after it is first seen in the table (other nodes may still read it)."""
         self.engine = engine
+        self.meta = meta or engine.meta
+        self.shared = meta is not None and meta.kv.shared
         self.interval = interval
         self.batch = batch
+        self.grace = grace
+        self._seen: dict[int, float] = {}  # object id -> when first seen (monotonic)
         self.paused = lambda: False  # e.g. while this node is fenced off
         # Blocking lease check before deleting: a node taken over must not delete
         # objects that the new holder's metadata still references.
@@ -32,13 +41,28 @@ class GarbageCollector:
             while await self.collect() >= self.batch:
                 pass  # a backlog (overwrites): keep deleting before sleeping again
 
+    async def _call(self, fn, *args):
+        if self.shared:
+            return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+        return fn(*args)
+
+    def _ripe(self, ids: list[int]) -> list[int]:
+        """Those of `ids` seen at least `grace` seconds ago."""
+        if not self.grace:
+            return ids
+        now = time.monotonic()
+        for obj_id in ids:
+            self._seen.setdefault(obj_id, now)
+        return [i for i in ids if now - self._seen[i] >= self.grace]
+
     async def collect(self) -> int:
-        meta, cold = self.engine.meta, self.engine.cold
+        meta, cold = self.meta, self.engine.cold
         if self.paused():
             return 0
         # Kept checkpoints may still reference an object dropped in epoch e.
-        ids = [i for i, epoch in meta.gc_pending(limit=16 * self.batch)
-               if self.engine.gc_guard(epoch)][:self.batch]
+        pending = await self._call(meta.gc_pending, 16 * self.batch)
+        ids = [i for i, epoch in pending if self.engine.gc_guard(epoch)]
+        ids = self._ripe(ids)[:self.batch]
         if not ids:
             return 0
 
@@ -57,6 +81,8 @@ class GarbageCollector:
             return 0
         if not deleted:
             return 0
-        meta.gc_done(ids)
+        await self._call(meta.gc_done, ids)
+        for obj_id in ids:
+            self._seen.pop(obj_id, None)
         self.engine.stats.inc("gc_deleted", len(ids))
         return len(ids)

@@ -48,6 +48,8 @@ class Uploader:
         self.pack_limit = trio.CapacityLimiter(PACKS_IN_FLIGHT)
         self.in_flight: set[Key] = set()
         self.urgent: set[int] | None = None   # inodes to upload now (sync), None = none
+        self.hurried: set[int] = set()         # inodes other nodes may wait for: no delay
+        self.on_finished = lambda inos: None   # uploads of these inodes ended
         self._wake = trio.Event()
         self.changed = trio.Event()           # fires after every finished upload
         self.failures = 0
@@ -58,6 +60,12 @@ class Uploader:
 
     def kick(self) -> None:
         self._wake.set()
+
+    def hurry(self, ino: int) -> None:
+        """Upload a file's dirty extents without the usual delay (a shared namespace:
+        it was closed, and other nodes read it only once it is in the bucket)."""
+        self.hurried.add(ino)
+        self.kick()
 
     def _due(self, now: float) -> list[Key]:
         if self.paused():
@@ -72,12 +80,15 @@ class Uploader:
         quiet_for = self.delay * (MAX_WAIT_FACTOR if writing else 1)
         due = []
         held = self.engine.index.held  # a direct writer is writing them
+        hurried = self.hurried
         for key, info in dirty.items():
             if key in self.in_flight or key in held:
                 continue
-            if (urgent_all or info.found or key[0] in urgent
+            if (urgent_all or info.found or key[0] in urgent or key[0] in hurried
                     or now - info.last_write >= quiet_for):
                 due.append(key)
+        if hurried:
+            self.hurried = hurried & {k[0] for k in dirty}
         return due
 
     async def run(self) -> None:
@@ -161,6 +172,7 @@ class Uploader:
 
     def _finished(self, keys: list[Key]) -> None:
         self.in_flight.difference_update(keys)
+        self.on_finished({k[0] for k in keys})
         self.changed.set()
         self.changed = trio.Event()
 

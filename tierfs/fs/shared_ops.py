@@ -1,0 +1,320 @@
+"""The FUSE adapter when the namespace is shared by many nodes (--meta-url).
+
+Namespace requests await the shared engine in worker threads (a database round
+trip must not stop the trio loop); file data stays with the engine on this node's
+own LMDB, which SharedView keeps in step: pulled at open, pushed at every close
+(flush), fsync and truncate. That is close-to-open consistency: once close() or
+fsync() returned on one node, an open() on any other sees the new size and data.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+import time
+
+import pyfuse3
+import trio
+
+from ..errors import FsError
+from ..tier.engine import kill_suid
+from .ops import CAPABILITY_XATTR, Operations, _guard, _unsupported
+
+log = logging.getLogger(__name__)
+
+
+class SharedOperations(Operations):
+    def __init__(self, shared, view, engine, **kwargs):
+        super().__init__(view.local, engine, **kwargs)
+        self.ns = shared
+        self.view = view
+        self.call = view.call
+        self.capabilities_exist = shared.xattr_name_exists(CAPABILITY_XATTR)
+
+    # ---- attributes ---------------------------------------------------------------
+    def _shared_entry(self, found) -> pyfuse3.EntryAttributes:
+        node, blocks = found
+        if node.ino in self.view.unpublished:  # this node's size and blocks are newer
+            return self._entry(self.view.local_attrs(node))
+        return self._entry(node, blocks)
+
+    @_guard
+    async def lookup(self, parent_inode, name, ctx):
+        found = await self.call(self.ns.attrs, parent_inode, self.engine.E, name)
+        self._looked_up(found[0].ino)
+        return self._shared_entry(found)
+
+    @_guard
+    async def getattr(self, inode, ctx):
+        return self._shared_entry(await self.call(self.ns.attrs, inode, self.engine.E))
+
+    @_guard
+    async def setattr(self, inode, attr, fields, fh, ctx):
+        self.state.check_writable()
+        if fields.update_size:
+            node = await self.call(self.ns.get_inode, inode)
+            if stat.S_ISDIR(node.mode):
+                raise FsError(errno.EISDIR)
+            if not stat.S_ISREG(node.mode):
+                raise FsError(errno.EINVAL)
+            await self.view.pull(inode)
+            if attr.st_size != self.meta.get_inode(inode).size:
+                await self.engine.truncate(inode, attr.st_size)
+            self.view.touched(inode)
+        t = time.time_ns()
+
+        def change(node) -> None:  # assignments only: a retried transaction runs it twice
+            if fields.update_size:
+                node.size = attr.st_size
+                node.mtime_ns = t
+                if ctx.uid != 0:
+                    node.mode = kill_suid(node.mode)
+            if fields.update_mode:
+                node.mode = stat.S_IFMT(node.mode) | stat.S_IMODE(attr.st_mode)
+            if fields.update_uid or fields.update_gid:
+                if fields.update_uid:
+                    node.uid = attr.st_uid
+                if fields.update_gid:
+                    node.gid = attr.st_gid
+                if not stat.S_ISDIR(node.mode) and not fields.update_mode:
+                    node.mode = kill_suid(node.mode)
+            if fields.update_atime:
+                node.atime_ns = attr.st_atime_ns
+            if fields.update_mtime:
+                node.mtime_ns = attr.st_mtime_ns
+            node.ctime_ns = attr.st_ctime_ns if fields.update_ctime else t
+
+        node = await self.call(self.ns.modify_inode, inode, change)
+        self._change_local(inode, change)
+        if fields.update_size or fields.update_mtime:
+            await self.view.push(inode)
+        return self._entry(self.view.local_attrs(node))
+
+    def _change_local(self, ino: int, change) -> None:
+        try:
+            self.meta.modify_inode(ino, change)
+        except FsError:
+            pass  # this node holds no copy of it
+
+    @_guard
+    async def readlink(self, inode, ctx):
+        return await self.call(self.ns.readlink, inode)
+
+    # ---- namespace ------------------------------------------------------------------
+    async def _create_shared(self, parent, name, mode, ctx, rdev=0, target=None):
+        self.state.check_writable()
+        node = await self.call(self.ns.create_node, parent, name, mode, ctx.uid, ctx.gid,
+                               rdev, target)
+        self._looked_up(node.ino)
+        if stat.S_ISREG(node.mode):
+            self.view.created(node)
+        return node
+
+    @_guard
+    async def mknod(self, parent_inode, name, mode, rdev, ctx):
+        node = await self._create_shared(parent_inode, name, mode, ctx, rdev)
+        return self._entry(node, 0)
+
+    @_guard
+    async def mkdir(self, parent_inode, name, mode, ctx):
+        node = await self._create_shared(parent_inode, name,
+                                         stat.S_IFDIR | stat.S_IMODE(mode), ctx)
+        return self._entry(node, 0)
+
+    @_guard
+    async def symlink(self, parent_inode, name, target, ctx):
+        if len(target) > 4095:
+            raise FsError(errno.ENAMETOOLONG)
+        node = await self._create_shared(parent_inode, name, stat.S_IFLNK | 0o777, ctx,
+                                         target=target)
+        return self._entry(node)
+
+    @_guard
+    async def link(self, inode, new_parent_inode, new_name, ctx):
+        self.state.check_writable()
+        await self.call(self.ns.link, inode, new_parent_inode, new_name)
+        self._looked_up(inode)
+        return self._shared_entry(await self.call(self.ns.attrs, inode, self.engine.E))
+
+    def _gone(self, ino: int | None, purged: bool) -> None:
+        if ino is not None and purged:
+            self.view.forget(ino)
+
+    @_guard
+    async def unlink(self, parent_inode, name, ctx):
+        self.state.check_writable()
+        self._gone(*await self.call(self.ns.unlink, parent_inode, name, self._in_use))
+
+    @_guard
+    async def rmdir(self, parent_inode, name, ctx):
+        self.state.check_writable()
+        self._gone(*await self.call(self.ns.rmdir, parent_inode, name, self._in_use))
+
+    @_guard
+    async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
+        self.state.check_writable()
+        self._gone(*await self.call(
+            self.ns.rename, parent_inode_old, name_old, parent_inode_new, name_new, flags,
+            self._in_use, pyfuse3.RENAME_NOREPLACE, pyfuse3.RENAME_EXCHANGE))
+
+    async def _maybe_purge(self, ino: int) -> None:
+        if not self._in_use(ino):
+            try:
+                if await self.call(self.ns.purge_orphan, ino):
+                    self.view.forget(ino)
+            except FsError as e:  # the database is away: the session's end purges it
+                log.warning("could not purge unlinked inode %d (%s); it goes when this "
+                            "mount's session ends", ino, e)
+
+    # ---- files ----------------------------------------------------------------------
+    @_guard
+    async def open(self, inode, flags, ctx):
+        if flags & os.O_ACCMODE != os.O_RDONLY:
+            self.state.check_writable()
+        changed = await self.view.pull(inode)
+        if flags & os.O_TRUNC:
+            if self.meta.get_inode(inode).size:
+                await self.engine.truncate(inode, 0)
+            self.view.touched(inode)
+            t = time.time_ns()
+            uid = ctx.uid
+
+            def change(node) -> None:
+                node.size = 0
+                node.mtime_ns = node.ctime_ns = t
+                if uid != 0:
+                    node.mode = kill_suid(node.mode)
+
+            await self.call(self.ns.modify_inode, inode, change)
+            self._change_local(inode, change)
+            await self.view.push(inode)
+        else:
+            self.engine.opened(inode)
+        if changed:  # another node changed it: the kernel's size and times are old
+            await trio.to_thread.run_sync(self._invalidate_attrs, inode)
+        return pyfuse3.FileInfo(fh=self._new_fh(inode, flags), keep_cache=not changed)
+
+    @staticmethod
+    def _invalidate_attrs(ino: int) -> None:
+        try:
+            pyfuse3.invalidate_inode(ino, attr_only=True)
+        except OSError:
+            pass  # the kernel does not hold it
+
+    @_guard
+    async def create(self, parent_inode, name, mode, flags, ctx):
+        node = await self._create_shared(parent_inode, name,
+                                         stat.S_IFREG | stat.S_IMODE(mode), ctx)
+        fh = self._new_fh(node.ino, flags)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=True), self._entry(node, 0)
+
+    @_guard
+    async def write(self, fh, off, buf):
+        ino = self.handles[fh].ino
+        self.view.touched(ino)  # before the data lands: a crash then still pushes it
+        return await self.engine.write(ino, off, buf)
+
+    @_guard
+    async def flush(self, fh):
+        # Every close(): what this node wrote becomes visible to every other node's
+        # next open (close-to-open), at the cost of one round trip per written file.
+        await self.view.push(self.handles[fh].ino)
+
+    @_guard
+    async def fsync(self, fh, datasync):
+        self.state.check_durable()
+        ino = self.handles[fh].ino
+        await self.engine.fsync(ino)
+        await self.view.push(ino)
+
+    # ---- directories -------------------------------------------------------------
+    @_guard
+    async def opendir(self, inode, ctx):
+        node = await self.call(self.ns.get_inode, inode)
+        if not stat.S_ISDIR(node.mode):
+            raise FsError(errno.ENOTDIR)
+        return self._new_fh(inode, 0)
+
+    @_guard
+    async def readdir(self, fh, start_id, token):
+        ino = self.handles[fh].ino
+        after = start_id
+        while True:
+            node, parent, batch = await self.call(self.ns.readdir_plus, ino, after, 256,
+                                                  self.engine.E)
+            if after < 1:
+                if not pyfuse3.readdir_reply(token, b".", self._entry(node, 0), 1):
+                    return
+                after = 1
+            if after < 2:
+                if not pyfuse3.readdir_reply(token, b"..", self._entry(parent, 0), 2):
+                    return
+                after = 2
+            if not batch:
+                return
+            for cookie, name, found in batch:
+                if not pyfuse3.readdir_reply(token, name, self._shared_entry(found), cookie):
+                    return
+                self._looked_up(found[0].ino)
+                after = cookie
+
+    @_guard
+    async def fsyncdir(self, fh, datasync):
+        self.state.check_durable()  # the shared engine commits durably: nothing to do
+
+    @_guard
+    async def statfs(self, ctx):
+        out = await super().statfs(ctx)
+        used = await self.call(self.ns.inode_count)
+        out.f_files = used + (1 << 32)
+        return out
+
+    # ---- xattrs --------------------------------------------------------------------
+    @_guard
+    async def setxattr(self, inode, name, value, ctx):
+        self._check_xattrs()
+        if _unsupported(name):
+            raise FsError(errno.EOPNOTSUPP)
+        if name.startswith(b"user.tierfs."):
+            raise FsError(errno.EPERM)
+        self.state.check_writable()
+        await self.call(self.ns.set_xattr, inode, name, value)
+        if name == CAPABILITY_XATTR:
+            self.capabilities_exist = True
+
+    @_guard
+    async def getxattr(self, inode, name, ctx):
+        self._check_xattrs()
+        if name == CAPABILITY_XATTR and not self.capabilities_exist:
+            raise FsError(pyfuse3.ENOATTR)
+        if _unsupported(name):
+            raise FsError(errno.EOPNOTSUPP)
+        if name.startswith(b"user.tierfs.") and self.control is not None:
+            value = self.control.virtual_xattr(inode, name)
+            if value is not None:
+                return value
+
+        def get() -> bytes | None:
+            value = self.ns.get_xattr(inode, name)
+            if value is None:
+                self.ns.get_inode(inode)  # ENOENT beats ENODATA
+            return value
+
+        value = await self.call(get)
+        if value is None:
+            raise FsError(pyfuse3.ENOATTR)
+        return value
+
+    @_guard
+    async def listxattr(self, inode, ctx):
+        self._check_xattrs()
+        return [n for n in await self.call(self.ns.list_xattrs, inode) if not _unsupported(n)]
+
+    @_guard
+    async def removexattr(self, inode, name, ctx):
+        self._check_xattrs()
+        if _unsupported(name):
+            raise FsError(errno.EOPNOTSUPP)
+        self.state.check_writable()
+        await self.call(self.ns.remove_xattr, inode, name)

@@ -1,0 +1,227 @@
+"""A node's view of a namespace shared by many nodes (--meta-url).
+
+The shared engine (PostgreSQL) holds the namespace and, for every extent, where
+its data is: an object in the bucket, or "only on node S" (published DIRTY,
+schema.py). The data engine keeps running synchronously against this node's own
+LMDB in its cache dir, which holds the files this node works with: their inode,
+their extent records with the node-local bits (hot, pinned), its hot index. The
+two meet where close-to-open consistency says they must:
+
+- pull, at open(): the shared records replace this node's copy; hot copies of
+  extents whose data changed elsewhere are dropped. Data only on another node is
+  waited for (that node uploads at close), up to a bound, then EIO naming the node.
+- push, at flush() (every close()), fsync() and after an upload: this node's size,
+  times and extent records become the shared ones; objects they no longer name go
+  to gc. Files written here and not yet pushed carry a W record in the local LMDB,
+  so a restart pushes them again.
+
+Every call of the shared engine runs in a worker thread: a database round trip
+must not stop the trio loop.
+"""
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import socket
+from collections import deque
+from dataclasses import replace
+
+import trio
+
+from ..errors import FsError
+from ..meta.store import ID_BLOCK, MetaStore
+
+log = logging.getLogger(__name__)
+
+ALL = (1 << 64) - 1
+IDS_LOW = ID_BLOCK // 4  # object ids left when a new block is fetched ahead
+
+
+class SharedView:
+    def __init__(self, shared: MetaStore, engine, *, wait: float, threads: int = 8):
+        self.shared = shared
+        self.local: MetaStore = engine.meta
+        self.engine = engine
+        self.sid = shared.session
+        self.node = socket.gethostname()
+        self.wait = wait  # longest wait for data another node holds
+        self.limiter = trio.CapacityLimiter(threads)
+        self.unpublished: set[int] = set(self.local.unpublished())
+        self._gen: dict[int, int] = {}
+        self._locks: dict[int, trio.Lock] = {}
+        self._due: set[int] = set()
+        self._wake = trio.Event()
+        self._ids: deque[int] = deque()
+        self.local.object_ids = self._object_id
+        self.hurry = lambda ino: None  # upload a closed file's data now (the uploader)
+
+    async def call(self, fn, *args):
+        """A shared-engine call, in a worker thread."""
+        return await trio.to_thread.run_sync(functools.partial(fn, *args),
+                                             limiter=self.limiter, abandon_on_cancel=True)
+
+    # ---- object ids -------------------------------------------------------------------
+    def _object_id(self) -> int:
+        if not self._ids:  # the block ahead was not fetched in time: fetch it here
+            self._add_block(self.shared._take_block(b"obj"))
+        if len(self._ids) < IDS_LOW:
+            self._wake.set()
+        return self._ids.popleft()
+
+    def _add_block(self, first: int) -> None:
+        self._ids.extend(range(first, first + ID_BLOCK))
+
+    async def _refill(self) -> None:
+        if len(self._ids) < IDS_LOW:
+            self._add_block(await self.call(self.shared._take_block, b"obj"))
+
+    # ---- changes made here ----------------------------------------------------------
+    def touched(self, ino: int) -> None:
+        """This node changed a file's data or size: push it at close."""
+        self._gen[ino] = self._gen.get(ino, 0) + 1
+        if ino not in self.unpublished:
+            self.unpublished.add(ino)
+            self.local.set_unpublished(ino, True)
+
+    def uploaded(self, inos) -> None:
+        """Uploads of these files finished: publish their objects soon."""
+        due = [i for i in inos if i in self.unpublished]
+        if due:
+            self._due.update(due)
+            self._wake.set()
+
+    async def run(self) -> None:
+        """Push files whose uploads finished; keep object ids ahead."""
+        self._due.update(self.unpublished)  # left unpublished by the last run
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            await self._refill()
+            while self._due:
+                await self.push(self._due.pop())
+
+    # ---- pull and push -------------------------------------------------------------
+    def _lock(self, ino: int) -> trio.Lock:
+        lock = self._locks.get(ino)
+        if lock is None:
+            lock = self._locks[ino] = trio.Lock()
+        return lock
+
+    async def pull(self, ino: int) -> bool:
+        """Make this node's copy of a file the shared one (at open). Returns whether
+        it changed, so the kernel's cached pages and attributes must go."""
+        if ino in self.unpublished:
+            return False  # written here since: this copy is the newer one
+        deadline = trio.current_time() + self.wait
+        delay = 0.02
+        async with self._lock(ino):
+            while True:
+                node, exts, packs = await self.call(self.shared.file_view, ino)
+                held = {e.holder for e in exts.values() if e.dirty and e.holder != self.sid}
+                if not held:
+                    break
+                await self._holders_alive(ino, held)
+                if trio.current_time() + delay > deadline:
+                    log.error("inode %d: its data is still only on session %s after %gs; "
+                              "reads fail with EIO", ino, sorted(held), self.wait)
+                    raise FsError(errno.EIO)
+                await trio.sleep(delay)  # the holder uploads at its close: look again
+                delay = min(delay * 2, 0.5)
+            if ino in self.unpublished:
+                return False
+            return self._take(node, exts, packs)
+
+    async def _holders_alive(self, ino: int, holders: set[int]) -> None:
+        live = {x.sid for x in await self.call(self.shared.sessions)}
+        gone = holders - live
+        if gone:
+            names = {sid: node for i, sid, _n, node in await self.call(self.shared.held)
+                     if i == ino}
+            who = ", ".join(f"{names.get(sid, '?')} (session {sid})" for sid in sorted(gone))
+            log.error("inode %d has data that was never uploaded by %s, which is gone: "
+                      "reading it fails with EIO", ino, who)
+            raise FsError(errno.EIO)
+
+    def _take(self, node, exts, packs) -> bool:
+        """On the trio thread, without an await: replace the local records."""
+        engine, ino = self.engine, node.ino
+        try:
+            old, local = self.local.get_extents(ino, 0, ALL)
+        except FsError:
+            old, local = None, {}
+        changed = {}
+        for idx in set(local) | set(exts):
+            pub, mine = exts.get(idx), local.get(idx)
+            if mine is not None and mine.dirty:
+                self.touched(ino)  # never let a pull drop data written here
+                return False
+            if pub is not None and mine is not None and mine.same_data(pub):
+                continue
+            changed[(ino, idx)] = pub
+            if mine is not None and mine.hot:
+                engine.forget_hot(ino, idx)
+        self.local.take_view(node, changed, packs)
+        return (bool(changed) or old is None
+                or (old.size, old.mtime_ns, old.ctime_ns) != (node.size, node.mtime_ns,
+                                                              node.ctime_ns))
+
+    async def push(self, ino: int) -> None:
+        """Publish this node's copy of a file (at close, fsync, after uploads)."""
+        if ino not in self.unpublished:
+            return
+        async with self._lock(ino):
+            gen = self._gen.get(ino, 0)
+            try:
+                node, exts = self.local.get_extents(ino, 0, ALL)
+            except FsError:
+                return
+            published = {idx: e.published(self.sid) for idx, e in exts.items()}
+            sizes = self.engine.index.sizes
+            held = sum(sizes.get((ino, idx), 0) for idx, e in exts.items() if e.dirty)
+            dirty = any(e.dirty for e in exts.values())
+            alive = await self.call(self.shared.publish, ino, node.size, node.mtime_ns,
+                                    node.ctime_ns, published, self.sid, held, self.node)
+            if not alive:
+                self.forget(ino)
+            elif dirty:
+                self.hurry(ino)
+            elif not dirty and self._gen.get(ino, 0) == gen:
+                self.unpublished.discard(ino)
+                self._gen.pop(ino, None)
+                self.local.set_unpublished(ino, False)
+
+    async def push_all(self) -> None:
+        for ino in sorted(self.unpublished):
+            await self.push(ino)
+
+    async def checkpoint(self) -> None:
+        """What `sync --wait` makes durable besides the data: every file's records."""
+        await self.push_all()
+
+    def forget(self, ino: int) -> None:
+        """The shared namespace purged a file: so does this node."""
+        self.unpublished.discard(ino)
+        self._gen.pop(ino, None)
+        self._locks.pop(ino, None)
+        self.engine.drop_inode(ino)
+        try:
+            self.local.purge(ino)
+        except FsError:
+            pass
+
+    def created(self, node) -> None:
+        """A file made here: this node's copy starts as the shared record."""
+        self.local.take_view(node, {}, ())
+
+    def local_attrs(self, node):
+        """A file's attributes as this node has them: its own size and times while
+        it has changes not yet published."""
+        if node.ino not in self.unpublished:
+            return node
+        try:
+            mine = self.local.get_inode(node.ino)
+        except FsError:
+            return node
+        return replace(node, size=mine.size, mtime_ns=mine.mtime_ns,
+                       ctime_ns=max(node.ctime_ns, mine.ctime_ns))
