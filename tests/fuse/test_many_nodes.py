@@ -166,3 +166,90 @@ def test_concurrent_namespace_changes_match_a_model(nodes):
     assert len(left) <= sum(created) - sum(unlinked)
     r = nodes[2].cli("fsck", nodes[2].cold_url, "--meta-url", nodes[2].args[1])
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.allow_log_errors
+def test_node_killed_with_data_not_uploaded(mount_factory, s3_url, s3_endpoint, postgres,
+                                            tmp_path):
+    """A closes a file whose upload cannot finish (its bucket refuses), then dies by
+    kill -9. B keeps working; B's keeper ends A's session after the timeout; B's open
+    of that file is EIO naming A, never zeros. A mounts again with its cache dir:
+    the data it acknowledged is published and uploaded, B reads it, fsck is clean."""
+    env = dict(os.environ, **s3_env(s3_endpoint))
+    url = postgres.new_schema()
+    args = ("--meta-url", url, "--session-timeout", "4", "--cold-timeout", "3")
+    faults = tmp_path / "faults.json"
+    a = mount_factory(cold_url=s3_url, env=env, name="a",
+                      args=args + ("--fault-file", str(faults)))
+    b = mount_factory(cold_url=s3_url, env=env, name="b", args=args)
+    safe = os.urandom(2 << 20)
+    write_file(a.path("safe.bin"), safe)
+    assert read_file(b.path("safe.bin")) == safe  # uploaded: B fetched it from the bucket
+    faults.write_text('{"outage": true}')
+    held = os.urandom(3 << 20)
+    with open(a.path("held.bin"), "wb") as f:
+        f.write(held)
+        f.flush()
+        os.fsync(f.fileno())  # acknowledged: on A's NVMe, published as held by A
+    a.kill9()
+    wait_until(lambda: "ended the expired session" in b.log(), 30, "B to end A's session")
+    with pytest.raises(OSError) as e:
+        read_file(b.path("held.bin"))
+    assert e.value.errno == errno.EIO
+    assert "never uploaded" in b.log() and "which is gone" in b.log()
+    write_file(b.path("after.bin"), b"B still works")  # the others keep working
+    assert read_file(b.path("safe.bin")) == safe
+    faults.write_text("{}")
+    a.start()
+    wait_until(lambda: _reads(b.path("held.bin")) == held, 60,
+               "A's acknowledged data to reach B after A mounted again")
+    assert read_file(a.path("after.bin")) == b"B still works"
+    r = b.cli("fsck", s3_url, "--meta-url", url)
+    assert r.returncode == 0, r.stdout + r.stderr
+    a.allowed_log = b.allowed_log = [r"never uploaded", r"upload of .* failed",
+                                     r"reads fail with EIO", r"read failed"]
+
+
+def _reads(path: str) -> bytes | None:
+    try:
+        return read_file(path)
+    except OSError:
+        return None
+
+
+def test_database_restart_during_metadata_load(nodes, postgres):
+    """PostgreSQL restarts while two nodes create files: requests wait and go on,
+    every create that succeeded is there afterwards, on every node."""
+    a, b, c = nodes
+    os.mkdir(a.path("load"))
+    made: list[str] = []
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def create(m, tag):
+        n = 0
+        while not stop.is_set() and n < 2000:
+            name = f"{tag}{n}"
+            try:
+                write_file(m.path("load", name), name.encode())
+                made.append(name)
+            except OSError as e:
+                errors.append(f"{name}: {e}")
+            n += 1
+    threads = [threading.Thread(target=create, args=(m, t)) for m, t in ((a, "a"), (b, "b"))]
+    for t in threads:
+        t.start()
+    wait_until(lambda: len(made) >= 50, 60, "creates before the restart")
+    postgres.stop()
+    postgres.start()
+    count = len(made)
+    wait_until(lambda: len(made) >= count + 50, 60, "creates after the restart")
+    stop.set()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors[:5]
+    for m in nodes:
+        names = set(os.listdir(m.path("load")))
+        assert set(made) <= names
+    for name in random.Random(1).sample(made, 20):
+        assert read_file(c.path("load", name)) == name.encode()

@@ -18,9 +18,12 @@ def s3_args(p) -> None:
     p.add_argument("--s3-path-style", action="store_true")
 
 
-def _location_args(p) -> None:
+def _location_args(p, shared: bool = False) -> None:
     p.add_argument("cold_url", metavar="COLD_URL", help="file:///path or s3://bucket/prefix")
-    p.add_argument("--cache-dir", required=True, help="the node's cache dir")
+    p.add_argument("--cache-dir", required=not shared, help="the node's cache dir")
+    if shared:
+        p.add_argument("--meta-url", default=None,
+                       help="check a shared namespace (postgresql://...) instead of a cache dir")
     s3_args(p)
 
 
@@ -35,14 +38,14 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("fsck", help="check (and repair) a cache dir against its bucket",
                        description="Offline check of metadata, hot tier files and bucket "
                        "objects. Exit status: 0 clean, 1 problems repaired, 4 problems left.")
-    _location_args(p)
+    _location_args(p, shared=True)
     p.add_argument("--repair", action="store_true", help="fix what can be fixed safely")
     p.add_argument("--verify-data", action="store_true",
                    help="also read every clean extent (hot and cold) and verify checksums")
 
 
 def _config(args) -> MountConfig:
-    cfg = MountConfig(args.cold_url, "", os.path.abspath(args.cache_dir),
+    cfg = MountConfig(args.cold_url, "", os.path.abspath(args.cache_dir or ""),
                       s3_endpoint=args.s3_endpoint, s3_region=args.s3_region,
                       s3_path_style=args.s3_path_style)
     return cfg
@@ -88,6 +91,11 @@ def cmd_fsck(args) -> int:
     from ..runtime import lock_cache_dir
     from ..tier.fsck import Fsck
     _log_errors_to_stderr()
+    if args.meta_url:
+        return _fsck_shared(args)
+    if not args.cache_dir:
+        raise UserError("no --cache-dir given: name the node's cache dir (or --meta-url for "
+                        "a shared namespace)")
     cfg = _config(args)
     if not has_metadata(cfg.cache_dir):
         raise UserError(f"{cfg.cache_dir} holds no tierfs metadata: give the cache dir of a node")
@@ -108,14 +116,40 @@ def cmd_fsck(args) -> int:
         meta.close()
     finally:
         os.close(lock)
+    return _report(findings, f"{cfg.cache_dir} and {args.cold_url}", args.repair)
+
+
+def _fsck_shared(args) -> int:
+    """fsck of a namespace in a shared engine against its bucket (nodes may be
+    mounted: what their sessions hold is left alone)."""
+    from ..filesystem import open_cold, read_superblock
+    from ..meta import MetaStore
+    from ..tier.fsck import Fsck
+    cfg = _config(args)
+    cold = open_cold(cfg)
+    sb = read_superblock(cold)
+    meta = MetaStore(args.meta_url)
+    try:
+        shared = meta.superblock()
+        if sb is None or shared is None or shared.fs_id != sb.fs_id:
+            raise UserError(f"the database does not hold the namespace of the filesystem at "
+                            f"{cold.describe()}")
+        findings = Fsck(meta, None, cold, shared.extent_size, repair=args.repair,
+                        verify_data=args.verify_data).run()
+    finally:
+        meta.close()
+    return _report(findings, f"the shared namespace and {args.cold_url}", args.repair)
+
+
+def _report(findings, what: str, repair: bool) -> int:
     for f in findings:
         print(f"{f.problem}" + (f": {f.fix}" if f.fix else ""))
     if not findings:
-        print(f"{cfg.cache_dir} and {args.cold_url}: clean")
+        print(f"{what}: clean")
         return 0
-    print(plural(len(findings), "problem") + (" repaired" if args.repair else
+    print(plural(len(findings), "problem") + (" repaired" if repair else
                                                "; run again with --repair to fix them"))
-    return 1 if args.repair else 4
+    return 1 if repair else 4
 
 
 COMMANDS = {"recover": cmd_recover, "fsck": cmd_fsck}

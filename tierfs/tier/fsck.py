@@ -36,6 +36,9 @@ class Fsck:
         self.on_progress = on_progress if verify_data else None
         self.findings: list[Finding] = []
         self.verify_total = self.verify_done = 0
+        # A shared namespace (hot is None): extents name their data's place only, and
+        # the sessions of mounted nodes may still publish objects they uploaded.
+        self.live: set[int] = {x.sid for x in meta.sessions()} if hot is None else set()
 
     def found(self, problem: str, fix: str = "") -> None:
         self.findings.append(Finding(problem, fix if self.repair else ""))
@@ -118,7 +121,7 @@ class Fsck:
     def hot_files(self) -> dict[int, set[int]]:
         if not hasattr(self, "_hot"):
             self._hot: dict[int, set[int]] = {}
-            for ino, idx, _size, _mtime in self.hot.scan():
+            for ino, idx, _size, _mtime in (self.hot.scan() if self.hot else ()):
                 self._hot.setdefault(ino, set()).add(idx)
         return self._hot
 
@@ -162,6 +165,13 @@ class Fsck:
                     gc.append(ext.ref)
                 if has_file and self.repair:
                     self.hot.remove(ino, idx)
+                continue
+            if self.hot is None and ext.dirty:  # data only on the node of a session
+                if ext.holder not in self.live:
+                    self.found(f"inode {ino} extent {idx}: its data was only on session "
+                               f"{ext.holder}, which ended before uploading it: lost",
+                               "removed the extent (reads as zeros)")
+                    fixes[key] = None
                 continue
             if ext.hot and not has_file:
                 if ext.dirty:
@@ -207,6 +217,8 @@ class Fsck:
                 obj_id = int(key[len("data/"):], 16)
             except ValueError:
                 continue
+            if self.live:
+                break  # mounted nodes may not have published their newest uploads yet
             if obj_id not in referenced and obj_id not in pending and obj_id not in packs:
                 self.found(f"object {key} is not referenced by any file", "queued it for gc")
                 gc.append(obj_id)
