@@ -116,9 +116,27 @@ def mount_factory(tmp_path, request):
         pytest.fail("daemon logged unexpected errors:\n" + "\n".join(problems[:20]))
 
 
+def pytest_generate_tests(metafunc):
+    """The POSIX battery runs on both metadata engines: LMDB and a shared PostgreSQL
+    namespace."""
+    module = metafunc.module.__name__.rsplit(".", 1)[-1]
+    if ("mnt" in metafunc.fixturenames and module.startswith("test_posix_")
+            and not metafunc.definition.get_closest_marker("lmdb_only")):
+        metafunc.parametrize("meta_engine", ["lmdb", "postgres"], indirect=True)
+
+
 @pytest.fixture
-def mnt(mount_factory):
-    """One mounted filesystem on the embedded file:// cold store."""
+def meta_engine(request):
+    return getattr(request, "param", "lmdb")
+
+
+@pytest.fixture
+def mnt(mount_factory, meta_engine, request):
+    """One mounted filesystem on the embedded file:// cold store (its namespace in
+    LMDB, or in PostgreSQL for the POSIX battery's second run)."""
+    if meta_engine == "postgres":
+        url = request.getfixturevalue("postgres").new_schema()
+        return mount_factory(args=("--meta-url", url))
     return mount_factory()
 
 

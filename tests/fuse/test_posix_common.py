@@ -19,7 +19,7 @@ import lmdb
 import pytest
 
 from tests.harness import Mount, in_child_as, wait_until
-from tierfs.meta import schema
+from tierfs.meta import MetaStore, schema
 
 MiB = 1 << 20
 E = 4 * MiB  # the default extent size of a new filesystem
@@ -155,9 +155,21 @@ def hot_files(m: Mount, ino: int) -> list[str]:
         return []
 
 
+def meta_url(m: Mount) -> str | None:
+    """The shared namespace's URL of a mount with --meta-url, else None."""
+    return m.args[m.args.index("--meta-url") + 1] if "--meta-url" in m.args else None
+
+
 def meta_has_inode(m: Mount, ino: int) -> bool:
     """Whether the live daemon's metadata still holds the inode (LMDB allows a
-    second process to read while the daemon writes)."""
+    second process to read while the daemon writes; PostgreSQL any number)."""
+    url = meta_url(m)
+    if url:
+        store = MetaStore(url)
+        try:
+            return store.kv.get(schema.inode_key(ino)) is not None
+        finally:
+            store.close()
     env = lmdb.open(os.path.join(m.cache_dir, "meta"), readonly=True, subdir=True,
                     max_dbs=0)
     try:
@@ -170,7 +182,9 @@ def meta_has_inode(m: Mount, ino: int) -> bool:
 # Mount options the shared-mount tests run under: the default (the kernel's
 # writeback cache keeps sizes and times itself) and without it (the daemon's
 # own size, mtime and O_APPEND handling are what the tests see).
-MOUNT_CONFIGS = {"writeback": [], "no-writeback": ["--no-writeback-cache"]}
+# The third runs the battery on a namespace in PostgreSQL (--meta-url; no writeback
+# cache there).
+MOUNT_CONFIGS = {"writeback": [], "no-writeback": ["--no-writeback-cache"], "postgres": None}
 
 
 def start_shared(tmp_path_factory, args=()):
@@ -190,7 +204,10 @@ def stop_shared(m: Mount) -> None:
 @pytest.fixture(scope="module", params=list(MOUNT_CONFIGS))
 def shared_mnt(tmp_path_factory, request):
     """One mount per test module and mount configuration."""
-    m = start_shared(tmp_path_factory, MOUNT_CONFIGS[request.param])
+    args = MOUNT_CONFIGS[request.param]
+    if args is None:
+        args = ["--meta-url", request.getfixturevalue("postgres").new_schema()]
+    m = start_shared(tmp_path_factory, args)
     yield m
     stop_shared(m)
 

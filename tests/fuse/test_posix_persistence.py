@@ -7,6 +7,8 @@ import errno
 import os
 import stat
 
+import pytest
+
 from tests.fuse.test_posix_common import (E, MiB, assert_errno, errno_of, hot_files,
                                           meta_has_inode, raw_dirents)
 
@@ -95,6 +97,7 @@ def test_tree_survives_remount(mnt):
         assert f.read() == b"small file\n"
 
 
+@pytest.mark.lmdb_only  # shared: purged when the session expires (test_many_nodes.py)
 def test_unlinked_open_file_purged_by_next_mount(mnt):
     # Unlinked while open when the daemon dies: the next mount purges it.
     p = mnt.path("f")
