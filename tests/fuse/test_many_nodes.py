@@ -253,3 +253,38 @@ def test_database_restart_during_metadata_load(nodes, postgres):
         assert set(made) <= names
     for name in random.Random(1).sample(made, 20):
         assert read_file(c.path("load", name)) == name.encode()
+
+
+def test_distributed_checkpoint_from_three_ranks(mount_factory, s3_url, s3_endpoint,
+                                                 postgres):
+    """torch.distributed.checkpoint saves from three ranks (gloo, CPU), each through
+    its own mount into one directory; a fourth mount loads every tensor back."""
+    torch = pytest.importorskip("torch")
+    import socket
+    import subprocess
+    import sys
+
+    import torch.distributed.checkpoint as dcp
+
+    from tests.fuse import dcp_rank
+    env = dict(os.environ, **s3_env(s3_endpoint))
+    args = ("--meta-url", postgres.new_schema())
+    mounts = [mount_factory(cold_url=s3_url, env=env, name=f"r{i}", args=args)
+              for i in range(4)]
+    os.mkdir(mounts[0].path("ckpt"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    ranks = [subprocess.Popen([sys.executable, dcp_rank.__file__, str(r), "3", port,
+                               mounts[r].path("ckpt")], stderr=subprocess.PIPE, text=True)
+             for r in range(3)]
+    for p in ranks:
+        _out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-2000:]
+    names = sorted(os.listdir(mounts[3].path("ckpt")))
+    assert ".metadata" in names and len([n for n in names if n.endswith(".distcp")]) == 3
+    want = {k: v for r in range(3) for k, v in dcp_rank.state(r).items()}
+    got = {k: torch.zeros_like(v) for k, v in want.items()}
+    dcp.load(got, checkpoint_id=mounts[3].path("ckpt"))
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
