@@ -288,3 +288,59 @@ def test_distributed_checkpoint_from_three_ranks(mount_factory, s3_url, s3_endpo
     dcp.load(got, checkpoint_id=mounts[3].path("ckpt"))
     for k in want:
         assert torch.equal(got[k], want[k]), k
+
+
+def _state(path: str) -> dict:
+    import json
+    return json.loads(os.getxattr(path, "user.tierfs.state"))
+
+
+def test_tiering_commands_on_a_shared_namespace(nodes):
+    """sync --wait, prefetch, the state xattr and tierfs.open work on every node;
+    hot bytes are each node's own."""
+    import tierfs
+    a, b, _c = nodes
+    data = os.urandom(6 << 20)
+    write_file(a.path("f.bin"), data)
+    a.cli("sync", "--wait", a.mountpoint, check=True)
+    assert _state(a.path("f.bin"))["dirty"] == 0
+    assert _state(b.path("f.bin"))["hot"] == 0  # B never read it
+    b.cli("prefetch", b.path("f.bin"), check=True)
+    assert _state(b.path("f.bin"))["hot"] == len(data)
+    with tierfs.open(b.path("f.bin"), "rb") as f:  # falls back to the mount
+        assert f.read() == data
+    with tierfs.open(b.path("g.bin"), "wb") as f:
+        f.write(b"written on B")
+    assert read_file(a.path("g.bin")) == b"written on B"
+
+
+def _refused(m, *args) -> str:
+    r = m.cli("mount", m.cold_url, m.mountpoint, "--cache-dir", m.cache_dir, *args)
+    assert r.returncode != 0 and not m.mounted
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    return lines[0]
+
+
+def test_mixing_engines_is_refused(mount_factory, postgres, tmp_path):
+    """A one-node (LMDB) filesystem is not mounted with --meta-url over a database
+    that lacks it, nor a shared one without; a cache dir serves one kind only."""
+    url = postgres.new_schema()
+    lmdb_fs = mount_factory(name="one")
+    lmdb_fs.allowed_log = [r"whose namespace is not in this database",
+                           r"use an empty --cache-dir with --meta-url"]
+    write_file(lmdb_fs.path("x"), b"x")
+    lmdb_fs.umount()
+    assert "tierfs dump" in _refused(lmdb_fs, "--meta-url", url)
+    shared = mount_factory(name="many", args=("--meta-url", url))
+    shared.umount()
+    shared.allowed_log = [r"kept in a shared database"]
+    shared.args = []
+    assert "--meta-url" in _refused(shared)
+    other = mount_factory(name="other", start=False)
+    other.cold_url = shared.cold_url
+    other.cache_dir = lmdb_fs.cache_dir  # holds another filesystem's LMDB namespace
+    assert "cache dir" in _refused(other, "--meta-url", url)
+    shared.args = ["--meta-url", url]
+    shared.start()
+    assert os.listdir(shared.mountpoint) == []

@@ -135,6 +135,10 @@ class Control:
         self.daemon = daemon
         self.engine = daemon.engine
         self.meta = daemon.meta
+        # A shared namespace: names live in the shared store, and a file this node has
+        # not opened yet must be pulled into its own store before tiering commands.
+        self.ns = daemon.shared or daemon.meta
+        self.view = getattr(daemon, "view", None) if daemon.shared else None
         self.socket_path = os.path.join(daemon.cfg.cache_dir, "control.sock")
         self.commands = {"status": self.cmd_status, "ping": self.cmd_ping,
                          "sync": self.cmd_sync, "prefetch_many": self.cmd_prefetch_many,
@@ -186,12 +190,13 @@ class Control:
         # A file or a directory gets its own figures only: the whole-mount ones cost a
         # scan of every extent and answer another question.
         if req.get("ino"):
+            await self.pull([int(req["ino"])])
             out["file"] = self.file_state(int(req["ino"]))
             return out
         if req.get("dir_ino"):
             top = int(req["dir_ino"])
             limit = int(req.get("limit") or TREE_LIMIT)
-            walk = TreeWalk(self.meta, self.engine.E, top, limit)
+            walk = TreeWalk(self.ns, self.engine.E, top, limit)
             # In slices, each its own worker-thread hop: between them the map may grow
             # and the trio thread is never kept waiting on a long walk.
             while not await self.scan_in_thread(walk.step):
@@ -244,8 +249,18 @@ class Control:
 
     async def scan_in_thread(self, fn):
         """A whole-database read off the event loop."""
-        with self.meta.reading_in_thread():
+        with self.ns.reading_in_thread(), self.meta.reading_in_thread():
             return await trio.to_thread.run_sync(fn)
+
+    async def pull(self, inos) -> None:
+        """Shared namespace: bring files into this node's own store (as open does)."""
+        if self.view is None:
+            return
+        for ino in inos:
+            try:
+                await self.view.pull(ino)
+            except FsError:
+                pass  # gone, or its data unreachable: the command reports it per file
 
     async def cmd_sync(self, req, reply):
         inos = set(req["inos"]) if req.get("inos") is not None else None
@@ -334,6 +349,7 @@ class Control:
         packed together come in one GET (actions.prefetch_many). Per file: its
         result, or {"error": ...}."""
         inos = [int(i) for i in req["inos"]]
+        await self.pull(inos)
         results = await self._fetching(inos, req, reply, actions.prefetch_many(
             self.engine, inos, int(req.get("parallel", 8))))
         files = {}
@@ -385,12 +401,17 @@ class Control:
 
     async def cmd_hint(self, req, reply):
         inos, unknown = [], 0
-        for rel in req.get("paths", []):
-            ino = self.resolve(rel)
+        paths = req.get("paths", [])
+        if self.view is None:
+            found = [self.resolve(rel) for rel in paths]
+        else:
+            found = await self.view.call(lambda: [self.resolve(rel) for rel in paths])
+        for ino in found:
             if ino is None:
                 unknown += 1
             else:
                 inos.append(ino)
+        await self.pull(inos)
         self.daemon.hints.add(inos, bool(req.get("replace")))
         return {"queued": len(inos), "unknown": unknown}
 
@@ -401,15 +422,17 @@ class Control:
             if part in ("", "."):
                 continue
             try:
-                ino = self.meta.lookup(ino, part.encode())
+                ino = self.ns.lookup(ino, part.encode())
             except FsError:
                 return None
         return ino
 
     async def cmd_scrub(self, req, reply):
+        await self.pull([int(req["ino"])])
         return await actions.scrub(self.engine, int(req["ino"]))
 
     async def cmd_unpin(self, req, reply):
+        await self.pull([int(req["ino"])])
         return {"unpinned": actions.set_pinned(self.engine, int(req["ino"]), False)}
 
     # ---- server ------------------------------------------------------------------------

@@ -291,6 +291,7 @@ class SharedOperations(Operations):
         if _unsupported(name):
             raise FsError(errno.EOPNOTSUPP)
         if name.startswith(b"user.tierfs.") and self.control is not None:
+            await self.view.pull(inode)  # the state of this node's copy, made current
             value = self.control.virtual_xattr(inode, name)
             if value is not None:
                 return value
