@@ -340,6 +340,7 @@ def test_mixing_engines_is_refused(mount_factory, postgres, tmp_path):
     other = mount_factory(name="other", start=False)
     other.cold_url = shared.cold_url
     other.cache_dir = lmdb_fs.cache_dir  # holds another filesystem's LMDB namespace
+    other.allowed_log = lmdb_fs.allowed_log  # the same log
     assert "cache dir" in _refused(other, "--meta-url", url)
     shared.args = ["--meta-url", url]
     shared.start()
