@@ -76,7 +76,8 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY tierfs ./tierfs
 # A regular (not editable) install: the runtime stage copies /opt/venv without /src.
-RUN pip install -q . && python -c 'import pyfuse3, tierfs; print("pyfuse3", pyfuse3.__version__)'
+# With the postgres extra: the runtime image also mounts a namespace shared by many nodes.
+RUN pip install -q '.[postgres]' && python -c 'import pyfuse3, psycopg, tierfs; print("pyfuse3", pyfuse3.__version__)'
 
 # ---- runtime: tierfs, fuse3 and Python only ----------------------------------------------
 FROM ${BASE_IMAGE} AS runtime
