@@ -92,14 +92,15 @@ class SharedView:
             self._wake.set()
 
     async def run(self) -> None:
-        """Push files whose uploads finished; keep object ids ahead."""
-        self._due.update(self.unpublished)  # left unpublished by the last run
+        """Push files whose uploads finished (and, first, those the last run left
+        unpublished); keep object ids ahead."""
+        self._due.update(self.unpublished)
         while True:
-            await self._wake.wait()
-            self._wake = trio.Event()
             await self._refill()
             while self._due:
                 await self.push(self._due.pop())
+            await self._wake.wait()
+            self._wake = trio.Event()
 
     # ---- pull and push -------------------------------------------------------------
     def _lock(self, ino: int) -> trio.Lock:
@@ -144,7 +145,8 @@ class SharedView:
             raise FsError(errno.EIO)
 
     def _take(self, node, exts, packs) -> bool:
-        """On the trio thread, without an await: replace the local records."""
+        """On the trio thread, without an await: replace the local records. Returns
+        whether the kernel may hold pages or attributes of an older version."""
         engine, ino = self.engine, node.ino
         try:
             old, local = self.local.get_extents(ino, 0, ALL)
@@ -161,10 +163,13 @@ class SharedView:
             changed[(ino, idx)] = pub
             if mine is not None and mine.hot:
                 engine.forget_hot(ino, idx)
+        if not changed and old == node:
+            return False  # nothing new: no write, the kernel's caches stay
         self.local.take_view(node, changed, packs)
-        return (bool(changed) or old is None
-                or (old.size, old.mtime_ns, old.ctime_ns) != (node.size, node.mtime_ns,
-                                                              node.ctime_ns))
+        # A file this node never held has no pages here, and the kernel's attributes
+        # of it came from the shared records.
+        return old is not None and (
+            bool(changed) or (old.size, old.mtime_ns) != (node.size, node.mtime_ns))
 
     async def push(self, ino: int) -> None:
         """Publish this node's copy of a file (at close, fsync, after uploads)."""
