@@ -6,7 +6,7 @@
 Each repetition runs, in turn, on (a) a plain directory on the same disk, (b) a
 tierfs mount with its namespace in LMDB and (c) a tierfs mount with its namespace
 in PostgreSQL (--meta-url; a server this script starts on a Unix socket on the
-same machine), each new and on a file:// bucket on the same disk:
+same machine, fsync on), each new and on a file:// bucket on the same disk:
   W3 create   N files of 64 KiB in 100 directories, each opened, written, closed
   W3 read     all of them in random order by 8 reader processes, page cache dropped
               (hot: the data is on the NVMe hot tier)
@@ -157,7 +157,7 @@ def main() -> int:
     kinds = ("local", "lmdb", "postgres")
     runs: dict[str, list[dict]] = {k: [] for k in kinds}
     try:
-        with pg_server() as pg:
+        with pg_server(durable=True) as pg:
             for rep in range(args.reps):
                 for kind in kinds:
                     base = os.path.join(top, f"{kind}-{rep}")

@@ -48,7 +48,8 @@ def _server_user() -> dict:
 class PgServer:
     """A cluster in `top` (data, socket, log), run by start() and stop()."""
 
-    def __init__(self, top: str, bindir: str):
+    def __init__(self, top: str, bindir: str, durable: bool = False):
+        self.durable = durable  # fsync on, as a production server runs (benchmarks)
         self.socket_dir = top
         self.data = os.path.join(top, "data")
         self.log_path = os.path.join(top, "server.log")
@@ -76,11 +77,12 @@ class PgServer:
         """Run the server and wait until it answers."""
         import psycopg
         with open(self.log_path, "ab") as log:
-            # fsync off: a test server's durability is the machine's, not the product's.
+            # fsync off for tests: a test server's durability is the machine's, not the
+            # product's. Benchmarks ask for a durable one.
+            fast = [] if self.durable else ["-c", "fsync=off", "-c", "full_page_writes=off"]
             self.proc = subprocess.Popen(
                 [os.path.join(self.bindir, "postgres"), "-D", self.data, "-k", self.socket_dir,
-                 "-c", "listen_addresses=", "-c", "fsync=off", "-c", "full_page_writes=off",
-                 "-c", "max_connections=200"],
+                 "-c", "listen_addresses=", *fast, "-c", "max_connections=200"],
                 cwd=self.socket_dir, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True, **_server_user())
         deadline = time.monotonic() + timeout_s
@@ -108,14 +110,15 @@ class PgServer:
 
 
 @contextlib.contextmanager
-def pg_server(timeout_s: float = 60) -> Iterator[PgServer]:
-    """Start a PostgreSQL server with a database `tierfs`; stop and remove it on exit."""
+def pg_server(timeout_s: float = 60, durable: bool = False) -> Iterator[PgServer]:
+    """Start a PostgreSQL server with a database `tierfs`; stop and remove it on exit.
+    durable: fsync on (benchmarks), else off (tests)."""
     bindir = server_binaries()
     top = tempfile.mkdtemp(prefix="tierfs-pg-")
     os.chmod(top, 0o755)
     if os.geteuid() == 0:
         shutil.chown(top, "postgres", "postgres")
-    server = PgServer(top, bindir)
+    server = PgServer(top, bindir, durable)
     try:
         subprocess.run([os.path.join(bindir, "initdb"), "-D", server.data, "-A", "trust",
                         "-U", "postgres", "--no-sync", "-E", "UTF8"], cwd=top, check=True,

@@ -578,3 +578,63 @@ def test_a_session_owns_its_orphans_and_upload_intents(meta):
     assert obj in gc_ids(meta)
     assert meta.sessions() == []
     assert meta.end_session(sid) == (0, 0)  # twice: nothing more
+
+
+# ---- what a node of a shared namespace reads and publishes (tier/shared_view.py) ----------
+
+E = 1 << 20
+
+
+def test_attrs_and_readdir_plus_count_blocks_of_present_extents(meta):
+    d = meta.create_node(ROOT_INO, b"d", DIR, 0, 0)
+    sparse, full, empty = (mkfile(meta, d.ino, n) for n in (b"sparse", b"full", b"empty"))
+    sparse.size, full.size = 3 * E, E + 100
+    meta.update(sparse, {(sparse.ino, 2): Extent(obj_id=7, length=E)})
+    meta.update(full, {(full.ino, 0): Extent(obj_id=8, length=E),
+                       (full.ino, 1): Extent(obj_id=9, length=100)})
+    node, blocks = meta.attrs(d.ino, E, b"sparse")
+    assert (node.ino, node.size, blocks) == (sparse.ino, 3 * E, E // 512)
+    assert meta.attrs(full.ino, E)[1] == (E + 100 + 511) // 512
+    assert meta.attrs(d.ino, E, b"..")[0].ino == ROOT_INO
+    assert meta.attrs(d.ino, E, b".")[0].ino == d.ino
+    assert err(meta.attrs, d.ino, E, b"missing") == errno.ENOENT
+    assert err(meta.attrs, 999_999, E) == errno.ENOENT
+    node, parent, page = meta.readdir_plus(d.ino, 0, 2, E)
+    assert (node.ino, parent.ino) == (d.ino, ROOT_INO)
+    assert [(n, f[0].ino, f[1]) for _c, n, f in page] == [
+        (b"sparse", sparse.ino, E // 512), (b"full", full.ino, (E + 100 + 511) // 512)]
+    _n, _p, rest = meta.readdir_plus(d.ino, page[-1][0], 2, E)
+    assert [(n, f[0].ino, f[1]) for _c, n, f in rest] == [(b"empty", empty.ino, 0)]
+    assert [c for c, _n, _f in page + rest] == [c for c, _n, _i in meta.readdir(d.ino, 0)]
+
+
+def test_file_view_and_publish(meta):
+    f = mkfile(meta, ROOT_INO, b"f")
+    f.size = 2 * E
+    meta.update(f, {(f.ino, 0): Extent(obj_id=5, length=E), (f.ino, 1): Extent(obj_id=6, length=E)})
+    meta.update(None, packs={6: (3 * E, [Ref(0, E, f.ino, 1)])})
+    node, exts, packs = meta.file_view(f.ino)
+    assert node.size == 2 * E and sorted(exts) == [0, 1] and packs == [6]
+    # Extent 0 rewritten and held by session 42; extent 1 cut away: its pack goes to gc.
+    held = {0: Extent(flags=HOT | DIRTY).published(42)}
+    assert meta.publish(f.ino, E, 111, 222, held, 42, 4096, "node-a")
+    node, exts, _ = meta.file_view(f.ino)
+    assert (node.size, node.mtime_ns) == (E, 111) and exts == held
+    assert exts[0].dirty and exts[0].holder == 42 and not exts[0].hot
+    assert meta.held() == [(f.ino, 42, 4096, "node-a")]
+    assert sorted(gc_ids(meta)) == [5, 6]
+    clean = {0: Extent(flags=HOT, obj_id=9, length=E, checksum=3).published(42)}
+    assert meta.publish(f.ino, E, 112, 223, clean, 42, 0, "node-a")
+    assert meta.file_view(f.ino)[1] == {0: Extent(obj_id=9, length=E, checksum=3)}
+    assert meta.held() == []
+    meta.unlink(ROOT_INO, b"f", never)
+    assert not meta.publish(f.ino, 0, 1, 1, {}, 42, 0, "node-a")  # gone: says so
+    assert err(meta.file_view, f.ino) == errno.ENOENT
+
+
+def test_readdir_plus_lists_every_name_of_a_hard_link(meta):
+    f = mkfile(meta, ROOT_INO, b"a")
+    meta.link(f.ino, ROOT_INO, b"b")
+    _n, _p, page = meta.readdir_plus(ROOT_INO, 0, 10, E)
+    assert [(n, found[0].ino, found[0].nlink) for _c, n, found in page] == [
+        (b"a", f.ino, 2), (b"b", f.ino, 2)]

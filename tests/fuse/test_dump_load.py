@@ -86,6 +86,20 @@ def test_a_namespace_moves_to_postgresql_and_back_and_mounts(mount_factory, post
     third = str(tmp_path / "third.dump")
     res = run_cli("dump", b.cold_url, third, check=True)
     assert "no data was lost" in res.stdout
+    # The namespace loaded into PostgreSQL mounts on many nodes, on the original bucket
+    # (a unmounted cleanly): packed small files and all, from new cache dirs.
+    args = ("--meta-url", url)
+    c = mount_factory(cold_url=a.cold_url, name="c", args=args)
+    d = mount_factory(cold_url=a.cold_url, name="d", args=args)
+    check_tree(c, files)
+    write_file(c.path("ds/new"), b"written on c")
+    files["ds/new"] = b"written on c"
+    check_tree(d, files)
+    d.cli("sync", d.mountpoint, "--wait", check=True)
+    c.umount()
+    d.umount()
+    res = run_cli("fsck", a.cold_url, "--meta-url", url, "--verify-data")
+    assert res.returncode == 0, res.stdout
 
 
 def test_what_cannot_move_is_refused_in_one_line(mount_factory, postgres, tmp_path):

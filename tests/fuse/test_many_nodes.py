@@ -171,10 +171,11 @@ def test_concurrent_namespace_changes_match_a_model(nodes):
 @pytest.mark.allow_log_errors
 def test_node_killed_with_data_not_uploaded(mount_factory, s3_url, s3_endpoint, postgres,
                                             tmp_path):
-    """A closes a file whose upload cannot finish (its bucket refuses), then dies by
-    kill -9. B keeps working; B's keeper ends A's session after the timeout; B's open
-    of that file is EIO naming A, never zeros. A mounts again with its cache dir:
-    the data it acknowledged is published and uploaded, B reads it, fsck is clean."""
+    """A fsyncs a file whose upload cannot finish (its bucket refuses), then dies by
+    kill -9 while both nodes create files. B keeps working; B's keeper ends A's
+    session after the timeout; B's open of A's file is EIO naming A, never zeros. A
+    mounts again with its cache dir: what it acknowledged (fsynced, or closed before
+    it died) is published and uploaded, B reads all of it, fsck is clean."""
     env = dict(os.environ, **s3_env(s3_endpoint))
     url = postgres.new_schema()
     args = ("--meta-url", url, "--session-timeout", "4", "--cold-timeout", "3")
@@ -191,7 +192,38 @@ def test_node_killed_with_data_not_uploaded(mount_factory, s3_url, s3_endpoint, 
         f.write(held)
         f.flush()
         os.fsync(f.fileno())  # acknowledged: on A's NVMe, published as held by A
-    a.kill9()
+    # Both nodes keep creating files; A dies in the middle of it, B goes on.
+    closed: dict[str, list[str]] = {"a": [], "b": []}
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def writer(m, tag):
+        n = 0
+        while not stop.is_set():
+            name = f"{tag}{n:05d}"
+            try:
+                write_file(m.path("load", name), name.encode() * 100)
+            except OSError as e:
+                if tag == "b":
+                    errors.append(f"{name}: {e}")
+                return  # A's daemon is gone
+            closed[tag].append(name)
+            n += 1
+    os.mkdir(a.path("load"))
+    threads = [threading.Thread(target=writer, args=(m, tag)) for m, tag in ((a, "a"), (b, "b"))]
+    for t in threads:
+        t.start()
+    try:
+        wait_until(lambda: len(closed["a"]) >= 20 and len(closed["b"]) >= 20, 60,
+                   "both nodes writing")
+        a.kill9()
+        done_b = len(closed["b"])
+        wait_until(lambda: len(closed["b"]) >= done_b + 50 or errors, 60, "B writing on")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+    assert not errors, errors[:5]
     wait_until(lambda: "ended the expired session" in b.log(), 30, "B to end A's session")
     with pytest.raises(OSError) as e:
         read_file(b.path("held.bin"))
@@ -203,6 +235,11 @@ def test_node_killed_with_data_not_uploaded(mount_factory, s3_url, s3_endpoint, 
     a.start()
     wait_until(lambda: _reads(b.path("held.bin")) == held, 60,
                "A's acknowledged data to reach B after A mounted again")
+    # Every file whose close() returned on A before it died.
+    wait_until(lambda: all(_reads(b.path("load", n)) == n.encode() * 100 for n in closed["a"]),
+               60, "A's closed files to reach B", interval=0.5)
+    for name in closed["b"]:
+        assert read_file(a.path("load", name)) == name.encode() * 100, name
     assert read_file(a.path("after.bin")) == b"B still works"
     r = b.cli("fsck", s3_url, "--meta-url", url)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -9,6 +9,9 @@ An engine provides:
   get(key)                one key's value (None if missing), read on its own: cheaper
                           than a transaction where the engine has round trips
   read()                  context manager: a consistent read-only transaction
+  peek()                  context manager like read(), but each statement may see its own
+                          snapshot (PostgreSQL: no BEGIN and COMMIT round trips): for
+                          reads that tolerate a change between their statements
   write()                 context manager: a read-write transaction, committed on a
                           clean exit and rolled back on an exception
   run(fn, *args)          call fn(*args) (which opens its own transactions) and again
@@ -19,6 +22,9 @@ An engine provides:
                           (value None when values=False)
   get_many(txn, keys)     the values of many keys (None where missing), in one round trip
                           where the engine has round trips
+  scan_many(txn, ranges, values=True)
+                          scan() of each (start, end) of disjoint ranges, as a list per
+                          range; one statement (one round trip, one snapshot) on PostgreSQL
   sync()                  committed transactions survive power loss (blocking)
   close()
   reading_in_thread()     context manager around a worker thread's long reads

@@ -82,6 +82,7 @@ class MetaStore:
         self.kv = location if not isinstance(location, str) else open_engine(
             location, map_size=map_size, max_map_size=max_map_size)
         self._read, self._write = self.kv.read, self.kv.write  # one call less per operation
+        self._peek = self.kv.peek
         if not self.kv.shared:
             for name in _READS:
                 setattr(self, name, getattr(type(self), name).__wrapped__.__get__(self))
@@ -860,19 +861,36 @@ class MetaStore:
                     for k, v in self._scan(txn, b"H")]
 
     # ---- a node's view of a shared namespace (tier/shared_view.py) -----------------
-    def _with_blocks(self, txn, node: Inode, extent_size: int) -> tuple[Inode, int]:
-        indices = ()
-        if stat.S_ISREG(node.mode) and node.size:
-            indices = [s.read_u64(k, 9)
-                       for k, _ in self._scan(txn, s.extent_prefix(node.ino), values=False)]
-        return node, count_blocks(node, indices, extent_size)
+    def _inode_ranges(self, inos: list[int]) -> list[tuple[bytes, bytes]]:
+        """Key ranges of inode records and of the inodes' extent records."""
+        out = []
+        for ino in inos:
+            key, prefix = s.inode_key(ino), s.extent_prefix(ino)
+            out += [(key, key + b"\x00"), (prefix, prefix_end(prefix))]
+        return out
+
+    def _files(self, txn, inos: list[int], extent_size: int | None):
+        """Each inode (None if missing) with its extent records, or with its st_blocks
+        if `extent_size` is given, in one scan (one statement: one snapshot)."""
+        unique = list(dict.fromkeys(inos))  # hard links: one inode under two names
+        found = self.kv.scan_many(txn, self._inode_ranges(unique))
+        at = {ino: i for i, ino in enumerate(unique)}
+        out = []
+        for ino in inos:
+            rows, exts = found[2 * at[ino]], found[2 * at[ino] + 1]
+            node = Inode.decode(ino, rows[0][1]) if rows else None
+            if extent_size is None:
+                out.append((node, {s.read_u64(k, 9): Extent.decode(v) for k, v in exts}))
+            else:
+                indices = [s.read_u64(k, 9) for k, _v in exts]
+                out.append((node, count_blocks(node, indices, extent_size) if node else 0))
+        return out
 
     @_reads
     def attrs(self, ino: int, extent_size: int, name: bytes | None = None
               ) -> tuple[Inode, int]:
-        """An inode (or, with `name`, its entry of that name) with its st_blocks, in
-        one snapshot."""
-        with self._read() as txn:
+        """An inode (or, with `name`, its entry of that name) with its st_blocks."""
+        with self._peek() as txn:
             if name == b"..":
                 ino = self._get(txn, ino).parent
             elif name is not None and name != b".":
@@ -882,14 +900,17 @@ class MetaStore:
                 if raw is None:
                     raise FsError(errno.ENOENT)
                 ino = s.read_u64(raw)
-            return self._with_blocks(txn, self._get(txn, ino), extent_size)
+            (node, blocks), = self._files(txn, [ino], extent_size)
+        if node is None:
+            raise FsError(errno.ENOENT)
+        return node, blocks
 
     @_reads
     def readdir_plus(self, ino: int, after_cookie: int, limit: int, extent_size: int):
         """The directory, its parent and up to `limit` entries after a cookie with their
-        attributes and st_blocks, in one snapshot: (dir, parent, [(cookie, name,
-        (inode, blocks))])."""
-        with self._read() as txn:
+        attributes and st_blocks: (dir, parent, [(cookie, name, (inode, blocks))]). Four
+        statements, each its own snapshot: an entry renamed meanwhile may be missing."""
+        with self._peek() as txn:
             node = self._get(txn, ino)
             parent = self._get(txn, node.parent or ino)
             page = []
@@ -900,10 +921,9 @@ class MetaStore:
                 page.append((s.read_u64(key, 9), name))
             dents = self.kv.get_many(txn, [s.dentry_key(ino, name) for _c, name in page])
             page = [(c, n, s.read_u64(d)) for (c, n), d in zip(page, dents) if d is not None]
-            raws = self.kv.get_many(txn, [s.inode_key(i) for _c, _n, i in page])
-            out = [(c, n, self._with_blocks(txn, Inode.decode(i, raw), extent_size))
-                   for (c, n, i), raw in zip(page, raws) if raw is not None]
-            return node, parent, out
+            files = self._files(txn, [i for _c, _n, i in page], extent_size)
+        return node, parent, [(c, n, found) for (c, n, _i), found in zip(page, files)
+                              if found[0] is not None]
 
     @_transaction
     def modify_inode(self, ino: int, change: Callable[[Inode], None]) -> Inode:
@@ -917,15 +937,15 @@ class MetaStore:
 
     @_reads
     def file_view(self, ino: int) -> tuple[Inode, dict[int, Extent], list[int]]:
-        """A file's inode, every extent record and which of their objects are packs,
-        in one snapshot."""
-        with self._read() as txn:
-            node = self._get(txn, ino)
-            exts = {s.read_u64(k, 9): Extent.decode(v)
-                    for k, v in self._scan(txn, s.extent_prefix(ino))}
+        """A file's inode and every extent record (one snapshot), and which of their
+        objects are packs."""
+        with self._peek() as txn:
+            (node, exts), = self._files(txn, [ino], None)
+            if node is None:
+                raise FsError(errno.ENOENT)
             ids = sorted({e.obj_id for e in exts.values() if e.obj_id})
             raws = self.kv.get_many(txn, [s.pack_key(i) for i in ids]) if ids else []
-            return node, exts, [i for i, raw in zip(ids, raws) if raw is not None]
+        return node, exts, [i for i, raw in zip(ids, raws) if raw is not None]
 
     @_transaction
     def publish(self, ino: int, size: int, mtime_ns: int, ctime_ns: int,
