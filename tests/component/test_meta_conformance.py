@@ -14,6 +14,7 @@ from tierfs.errors import FsError
 from tierfs.meta import MetaStore, scan
 from tierfs.meta import schema as s
 from tierfs.meta.schema import DIRTY, HOT, ROOT_INO, Extent, Pack, Ref, Superblock
+from tierfs.meta.store import Published
 
 REG = stat.S_IFREG | 0o644
 DIR = stat.S_IFDIR | 0o755
@@ -617,18 +618,21 @@ def test_file_view_and_publish(meta):
     assert node.size == 2 * E and sorted(exts) == [0, 1] and packs == [6]
     # Extent 0 rewritten and held by session 42; extent 1 cut away: its pack goes to gc.
     held = {0: Extent(flags=HOT | DIRTY).published(42)}
-    assert meta.publish(f.ino, E, 111, 222, held, 42, 4096, "node-a")
+    assert meta.publish([Published(f.ino, E, 111, 222, held, 4096)], 42, "node-a") == [True]
     node, exts, _ = meta.file_view(f.ino)
     assert (node.size, node.mtime_ns) == (E, 111) and exts == held
     assert exts[0].dirty and exts[0].holder == 42 and not exts[0].hot
     assert meta.held() == [(f.ino, 42, 4096, "node-a")]
     assert sorted(gc_ids(meta)) == [5, 6]
     clean = {0: Extent(flags=HOT, obj_id=9, length=E, checksum=3).published(42)}
-    assert meta.publish(f.ino, E, 112, 223, clean, 42, 0, "node-a")
+    g = mkfile(meta, ROOT_INO, b"g")
+    assert meta.publish([Published(f.ino, E, 112, 223, clean, 0),
+                         Published(g.ino, 5, 1, 1, {}, 0)], 42, "node-a") == [True, True]
+    assert meta.get_inode(g.ino).size == 5
     assert meta.file_view(f.ino)[1] == {0: Extent(obj_id=9, length=E, checksum=3)}
     assert meta.held() == []
     meta.unlink(ROOT_INO, b"f", never)
-    assert not meta.publish(f.ino, 0, 1, 1, {}, 42, 0, "node-a")  # gone: says so
+    assert meta.publish([Published(f.ino, 0, 1, 1, {}, 0)], 42, "node-a") == [False]  # gone
     assert err(meta.file_view, f.ino) == errno.ENOENT
 
 

@@ -31,6 +31,10 @@ class SharedOperations(Operations):
         self.view = view
         self.call = view.call
         self.capabilities_exist = shared.xattr_name_exists(CAPABILITY_XATTR)
+        # Inodes this node's unlink, rmdir or rename may have left as orphans (no name,
+        # open here): only those need the database's purge when the kernel lets go.
+        # Every other forget, thousands after a cache drop, costs nothing.
+        self.maybe_orphans: set[int] = set()
 
     # ---- attributes ---------------------------------------------------------------
     def _shared_entry(self, found) -> pyfuse3.EntryAttributes:
@@ -138,8 +142,12 @@ class SharedOperations(Operations):
         return self._shared_entry(await self.call(self.ns.attrs, inode, self.engine.E))
 
     def _gone(self, ino: int | None, purged: bool) -> None:
-        if ino is not None and purged:
+        if ino is None:
+            return
+        if purged:
             self.view.forget(ino)
+        else:  # an orphan if it lost its last name while open here
+            self.maybe_orphans.add(ino)
 
     @_guard
     async def unlink(self, parent_inode, name, ctx):
@@ -159,7 +167,8 @@ class SharedOperations(Operations):
             self._in_use, pyfuse3.RENAME_NOREPLACE, pyfuse3.RENAME_EXCHANGE))
 
     async def _maybe_purge(self, ino: int) -> None:
-        if not self._in_use(ino):
+        if ino in self.maybe_orphans and not self._in_use(ino):
+            self.maybe_orphans.discard(ino)
             try:
                 if await self.call(self.ns.purge_orphan, ino):
                     self.view.forget(ino)

@@ -16,6 +16,7 @@ import os
 import stat
 import threading
 import time
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from ..errors import FsError, SessionLost
@@ -53,6 +54,17 @@ def _reads(method):
 
 def now_ns() -> int:
     return time.time_ns()
+
+
+@dataclass(frozen=True)
+class Published:
+    """What a node publishes of one file (MetaStore.publish)."""
+    ino: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    extents: dict[int, Extent]
+    held_bytes: int
 
 
 def count_blocks(node: Inode, indices: Iterable[int], extent_size: int) -> int:
@@ -948,36 +960,49 @@ class MetaStore:
         return node, exts, [i for i, raw in zip(ids, raws) if raw is not None]
 
     @_transaction
-    def publish(self, ino: int, size: int, mtime_ns: int, ctime_ns: int,
-                extents: dict[int, Extent], holder: int, held_bytes: int,
-                node_name: str) -> bool:
-        """Make a file's shared records say what one node has: its size and times, and
-        all its extent records (published form); objects no record names any more go
-        to gc. `held_bytes` of its data are on that node only. False: the file is gone."""
+    def publish(self, files: list[Published], holder: int, node_name: str) -> list[bool]:
+        """Make files' shared records say what one node has, in one transaction: each
+        file's size and times and all its extent records (published form); objects no
+        record names any more go to gc; `held_bytes` of a file's data are on that node
+        only (session `holder`). Per file: False if it is gone."""
+        out = []
         with self._write() as txn:
-            raw = txn.get(s.inode_key(ino))
-            if raw is None:
-                return False
-            node = Inode.decode(ino, raw)
-            node.size, node.mtime_ns = size, mtime_ns
-            node.ctime_ns = max(node.ctime_ns, ctime_ns)
-            txn.put(s.inode_key(ino), node.encode())
-            old = {s.read_u64(k, 9): Extent.decode(v)
-                   for k, v in self._scan(txn, s.extent_prefix(ino))}
-            for idx, ext in old.items():
-                new = extents.get(idx)
-                if ext.obj_id and (new is None or new.ref != ext.ref):
-                    self._drop_object(txn, ext.ref)
-                if new is None:
-                    txn.delete(s.extent_key(ino, idx))
-            for idx, new in extents.items():
-                if old.get(idx) != new:
-                    txn.put(s.extent_key(ino, idx), new.encode())
-            for key, _ in list(self._scan(txn, s.held_prefix(ino), values=False)):
+            found = self.kv.scan_many(txn, [r for f in files for r in self._file_ranges(f.ino)])
+            for i, f in enumerate(files):
+                rows, old_exts, helds = found[3 * i:3 * i + 3]
+                out.append(bool(rows))
+                if rows:
+                    self._publish_one(txn, f, Inode.decode(f.ino, rows[0][1]), old_exts,
+                                      helds, holder, node_name)
+        return out
+
+    def _file_ranges(self, ino: int) -> list[tuple[bytes, bytes]]:
+        held = s.held_prefix(ino)
+        return self._inode_ranges([ino]) + [(held, prefix_end(held))]
+
+    def _publish_one(self, txn, f: Published, node: Inode, old_exts, helds, holder: int,
+                     node_name: str) -> None:
+        node.size, node.mtime_ns = f.size, f.mtime_ns
+        node.ctime_ns = max(node.ctime_ns, f.ctime_ns)
+        txn.put(s.inode_key(f.ino), node.encode())
+        old = {s.read_u64(k, 9): Extent.decode(v) for k, v in old_exts}
+        for idx, ext in old.items():
+            new = f.extents.get(idx)
+            if ext.obj_id and (new is None or new.ref != ext.ref):
+                self._drop_object(txn, ext.ref)
+            if new is None:
+                txn.delete(s.extent_key(f.ino, idx))
+        for idx, new in f.extents.items():
+            if old.get(idx) != new:
+                txn.put(s.extent_key(f.ino, idx), new.encode())
+        mine = s.held_key(f.ino, holder)
+        value = s.u64(f.held_bytes) + node_name.encode()
+        held = f.held_bytes or any(e.dirty for e in f.extents.values())
+        for key, raw in helds:
+            if not (held and key == mine and raw == value):
                 txn.delete(key)
-            if held_bytes or any(e.dirty for e in extents.values()):
-                txn.put(s.held_key(ino, holder), s.u64(held_bytes) + node_name.encode())
-        return True
+        if held and (mine, value) not in helds:
+            txn.put(mine, value)
 
     @_transaction
     def take_view(self, node: Inode, extents: dict[tuple[int, int], Extent | None],

@@ -20,6 +20,7 @@ must not stop the trio loop.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import logging
@@ -30,12 +31,13 @@ from dataclasses import replace
 import trio
 
 from ..errors import FsError
-from ..meta.store import ID_BLOCK, MetaStore
+from ..meta.store import ID_BLOCK, MetaStore, Published
 
 log = logging.getLogger(__name__)
 
 ALL = (1 << 64) - 1
 IDS_LOW = ID_BLOCK // 4  # object ids left when a new block is fetched ahead
+PUSH_BATCH = 256  # files published in one transaction after their uploads
 
 
 class SharedView:
@@ -98,7 +100,9 @@ class SharedView:
         while True:
             await self._refill()
             while self._due:
-                await self.push(self._due.pop())
+                batch = sorted(self._due)[:PUSH_BATCH]
+                self._due.difference_update(batch)
+                await self.push_many(batch)
             await self._wake.wait()
             self._wake = trio.Event()
 
@@ -172,29 +176,45 @@ class SharedView:
             bool(changed) or (old.size, old.mtime_ns) != (node.size, node.mtime_ns))
 
     async def push(self, ino: int) -> None:
-        """Publish this node's copy of a file (at close, fsync, after uploads)."""
-        if ino not in self.unpublished:
+        """Publish this node's copy of a file (at close, fsync, truncate)."""
+        await self.push_many([ino])
+
+    async def push_many(self, inos) -> None:
+        """Publish files in one transaction (after uploads: one commit for many)."""
+        inos = sorted({i for i in inos if i in self.unpublished})
+        if not inos:
             return
-        async with self._lock(ino):
-            gen = self._gen.get(ino, 0)
-            try:
-                node, exts = self.local.get_extents(ino, 0, ALL)
-            except FsError:
+        async with contextlib.AsyncExitStack() as held_locks:
+            for ino in inos:  # in order: two pushes never wait for each other's locks
+                await held_locks.enter_async_context(self._lock(ino))
+            snaps = [snap for snap in map(self._snapshot, inos) if snap is not None]
+            if not snaps:
                 return
-            published = {idx: e.published(self.sid) for idx, e in exts.items()}
-            sizes = self.engine.index.sizes
-            held = sum(sizes.get((ino, idx), 0) for idx, e in exts.items() if e.dirty)
-            dirty = any(e.dirty for e in exts.values())
-            alive = await self.call(self.shared.publish, ino, node.size, node.mtime_ns,
-                                    node.ctime_ns, published, self.sid, held, self.node)
-            if not alive:
-                self.forget(ino)
-            elif dirty:
-                self.hurry(ino)
-            elif not dirty and self._gen.get(ino, 0) == gen:
-                self.unpublished.discard(ino)
-                self._gen.pop(ino, None)
-                self.local.set_unpublished(ino, False)
+            alive = await self.call(self.shared.publish, [p for _g, _d, p in snaps],
+                                    self.sid, self.node)
+            for (gen, dirty, pub), ok in zip(snaps, alive):
+                if not ok:
+                    self.forget(pub.ino)
+                elif dirty:
+                    self.hurry(pub.ino)
+                elif self._gen.get(pub.ino, 0) == gen:
+                    self.unpublished.discard(pub.ino)
+                    self._gen.pop(pub.ino, None)
+                    self.local.set_unpublished(pub.ino, False)
+
+    def _snapshot(self, ino: int):
+        """(write generation, dirty?, what to publish) of a file, None if gone here."""
+        if ino not in self.unpublished:
+            return None  # pushed while this push waited for its lock
+        try:
+            node, exts = self.local.get_extents(ino, 0, ALL)
+        except FsError:
+            return None
+        sizes = self.engine.index.sizes
+        held = sum(sizes.get((ino, idx), 0) for idx, e in exts.items() if e.dirty)
+        pub = Published(ino, node.size, node.mtime_ns, node.ctime_ns,
+                        {idx: e.published(self.sid) for idx, e in exts.items()}, held)
+        return self._gen.get(ino, 0), any(e.dirty for e in exts.values()), pub
 
     async def push_all(self) -> None:
         for ino in sorted(self.unpublished):
