@@ -614,12 +614,13 @@ def test_file_view_and_publish(meta):
     f.size = 2 * E
     meta.update(f, {(f.ino, 0): Extent(obj_id=5, length=E), (f.ino, 1): Extent(obj_id=6, length=E)})
     meta.update(None, packs={6: (3 * E, [Ref(0, E, f.ino, 1)])})
-    node, exts, packs = meta.file_view(f.ino)
-    assert node.size == 2 * E and sorted(exts) == [0, 1] and packs == [6]
+    node, exts = meta.file_view(f.ino)
+    assert node.size == 2 * E and sorted(exts) == [0, 1]
+    assert meta.packs_among([5, 6]) == [6]
     # Extent 0 rewritten and held by session 42; extent 1 cut away: its pack goes to gc.
     held = {0: Extent(flags=HOT | DIRTY).published(42)}
     assert meta.publish([Published(f.ino, E, 111, 222, held, 4096)], 42, "node-a") == [True]
-    node, exts, _ = meta.file_view(f.ino)
+    node, exts = meta.file_view(f.ino)
     assert (node.size, node.mtime_ns) == (E, 111) and exts == held
     assert exts[0].dirty and exts[0].holder == 42 and not exts[0].hot
     assert meta.held() == [(f.ino, 42, 4096, "node-a")]

@@ -948,16 +948,20 @@ class MetaStore:
         return node
 
     @_reads
-    def file_view(self, ino: int) -> tuple[Inode, dict[int, Extent], list[int]]:
-        """A file's inode and every extent record (one snapshot), and which of their
-        objects are packs."""
+    def file_view(self, ino: int) -> tuple[Inode, dict[int, Extent]]:
+        """A file's inode and every extent record, in one snapshot."""
         with self._peek() as txn:
             (node, exts), = self._files(txn, [ino], None)
-            if node is None:
-                raise FsError(errno.ENOENT)
-            ids = sorted({e.obj_id for e in exts.values() if e.obj_id})
-            raws = self.kv.get_many(txn, [s.pack_key(i) for i in ids]) if ids else []
-        return node, exts, [i for i, raw in zip(ids, raws) if raw is not None]
+        if node is None:
+            raise FsError(errno.ENOENT)
+        return node, exts
+
+    @_reads
+    def packs_among(self, obj_ids: list[int]) -> list[int]:
+        """Which of these objects are packs."""
+        with self._peek() as txn:
+            raws = self.kv.get_many(txn, [s.pack_key(i) for i in obj_ids])
+        return [i for i, raw in zip(obj_ids, raws) if raw is not None]
 
     @_transaction
     def publish(self, files: list[Published], holder: int, node_name: str) -> list[bool]:

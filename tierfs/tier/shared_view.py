@@ -122,7 +122,7 @@ class SharedView:
         delay = 0.02
         async with self._lock(ino):
             while True:
-                node, exts, packs = await self.call(self.shared.file_view, ino)
+                node, exts = await self.call(self.shared.file_view, ino)
                 held = {e.holder for e in exts.values() if e.dirty and e.holder != self.sid}
                 if not held:
                     break
@@ -133,9 +133,20 @@ class SharedView:
                     raise FsError(errno.EIO)
                 await trio.sleep(delay)  # the holder uploads at its close: look again
                 delay = min(delay * 2, 0.5)
+            asked = self._new_objects(ino, exts)
+            packs = set(await self.call(self.shared.packs_among, sorted(asked))) if asked else set()
             if ino in self.unpublished:
                 return False
-            return self._take(node, exts, packs)
+            return self._take(node, exts, packs, asked)
+
+    def _new_objects(self, ino: int, exts) -> set[int]:
+        """Objects of published records this node's copy does not hold yet."""
+        try:
+            local = self.local.get_extents(ino, 0, ALL)[1]
+        except FsError:
+            local = {}
+        return {e.obj_id for idx, e in exts.items()
+                if e.obj_id and not (idx in local and local[idx].same_data(e))}
 
     async def _holders_alive(self, ino: int, holders: set[int]) -> None:
         live = {x.sid for x in await self.call(self.shared.sessions)}
@@ -148,9 +159,11 @@ class SharedView:
                       "reading it fails with EIO", ino, who)
             raise FsError(errno.EIO)
 
-    def _take(self, node, exts, packs) -> bool:
+    def _take(self, node, exts, packs: set[int], asked: set[int]) -> bool:
         """On the trio thread, without an await: replace the local records. Returns
-        whether the kernel may hold pages or attributes of an older version."""
+        whether the kernel may hold pages or attributes of an older version. Objects
+        that are packs get a marker here (this node never deletes them); one not
+        `asked` about counts as a pack: never deleting it here is the safe side."""
         engine, ino = self.engine, node.ino
         try:
             old, local = self.local.get_extents(ino, 0, ALL)
@@ -169,7 +182,8 @@ class SharedView:
                 engine.forget_hot(ino, idx)
         if not changed and old == node:
             return False  # nothing new: no write, the kernel's caches stay
-        self.local.take_view(node, changed, packs)
+        taken = {e.obj_id for e in changed.values() if e is not None and e.obj_id}
+        self.local.take_view(node, changed, sorted(packs | (taken - asked)))
         # A file this node never held has no pages here, and the kernel's attributes
         # of it came from the shared records.
         return old is not None and (
