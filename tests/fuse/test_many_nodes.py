@@ -382,3 +382,19 @@ def test_mixing_engines_is_refused(mount_factory, postgres, tmp_path):
     shared.args = ["--meta-url", url]
     shared.start()
     assert os.listdir(shared.mountpoint) == []
+
+
+def test_a_node_that_lost_its_cache_dir_mounts_again(nodes):
+    """B's NVMe is replaced: an empty cache dir mounts the same namespace and reads
+    every file from the bucket; what B wrote before is there."""
+    import shutil
+    a, b, _c = nodes
+    write_file(a.path("from-a"), b"a" * 100_000)
+    write_file(b.path("from-b"), b"b" * 100_000)
+    b.cli("sync", "--wait", b.mountpoint, check=True)
+    b.umount()
+    shutil.rmtree(b.cache_dir)
+    b.start()
+    assert read_file(b.path("from-a")) == b"a" * 100_000
+    assert read_file(b.path("from-b")) == b"b" * 100_000
+    assert _state(b.path("from-b"))["hot"] == 100_000  # fetched into the new hot tier
