@@ -12,11 +12,12 @@ import threading
 import pytest
 
 from tests.component.test_meta_conformance import always, err, never
+from tests.harness import wait_until
 from tests.pg_server import pg_server
 from tierfs.errors import FsError, SessionLost, UserError
 from tierfs.meta import MetaStore, scan
 from tierfs.meta.store import ID_BLOCK, open_engine
-from tierfs.meta.schema import ROOT_INO, Superblock
+from tierfs.meta.schema import FIRST_COOKIE, ROOT_INO, Superblock
 from tierfs.tier.fsck import Fsck
 
 REG = stat.S_IFREG | 0o644
@@ -182,6 +183,62 @@ def test_database_outage_waits_then_eio_and_work_resumes(own_server):
         assert meta.lookup(ROOT_INO, b"kept") == kept.ino  # acknowledged before: kept
         assert meta.lookup(ROOT_INO, b"after") == pending[0].ino
         assert err(meta.lookup, ROOT_INO, b"during") == errno.ENOENT
+    finally:
+        meta.close()
+
+
+def _backend_waiting(server, event: str) -> int | None:
+    import psycopg
+    with psycopg.connect(server.url(), autocommit=True) as conn:
+        row = conn.execute("SELECT pid FROM pg_stat_activity WHERE wait_event = %s",
+                           (event,)).fetchone()
+    return row[0] if row else None
+
+
+def _cut_off_when(server, event: str, *before_kill: str) -> None:
+    """Wait until a backend waits on `event` in its COMMIT, run the statements
+    `before_kill`, then terminate that backend: its client loses the connection
+    during COMMIT."""
+    pid = wait_until(lambda: _backend_waiting(server, event), 30, f"a COMMIT waiting on {event}")
+    for statement in before_kill:
+        server.sql(statement)
+    server.sql(f"SELECT pg_terminate_backend({pid})")
+
+
+def test_a_commit_cut_off_is_looked_up_not_guessed(own_server):
+    """The connection is lost during COMMIT: the engine asks the server how that
+    transaction ended. Committed (locally, while it waited for a synchronous standby
+    that never answers): the call succeeds, not run twice. Aborted (cut off in a
+    deferred trigger): run again, once."""
+    url = own_server.new_schema()
+    schema = url.rsplit("%3D", 1)[1]
+    meta = MetaStore(open_engine(url, wait=30.0))
+    try:
+        meta.format(Superblock(fs_id="cut", extent_size=4 << 20), uid=0, gid=0)
+        own_server.sql("ALTER SYSTEM SET synchronous_standby_names = 'nobody'")
+        own_server.sql("SELECT pg_reload_conf()")
+        out = run_together([
+            lambda: meta.create_node(ROOT_INO, b"committed", REG, 0, 0),
+            lambda: _cut_off_when(own_server, "SyncRep",
+                                  "ALTER SYSTEM RESET synchronous_standby_names",
+                                  "SELECT pg_reload_conf()")])
+        assert not isinstance(out[0], FsError), out
+        assert meta.lookup(ROOT_INO, b"committed") == out[0].ino
+        assert meta.get_inode(ROOT_INO).next_cookie == FIRST_COOKIE + 1  # made once
+        own_server.sql(f"""
+            CREATE TABLE {schema}.armed (on_ boolean);
+            INSERT INTO {schema}.armed VALUES (true);
+            CREATE FUNCTION {schema}.stall() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN IF (SELECT on_ FROM {schema}.armed) THEN PERFORM pg_sleep(30); END IF;
+                RETURN NULL; END $$;
+            CREATE CONSTRAINT TRIGGER stall AFTER INSERT ON {schema}.tierfs_kv
+                DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {schema}.stall();""")
+        out = run_together([
+            lambda: meta.create_node(ROOT_INO, b"retried", REG, 0, 0),
+            lambda: _cut_off_when(own_server, "PgSleep", f"UPDATE {schema}.armed SET on_ = false")])
+        assert not isinstance(out[0], FsError), out
+        assert meta.lookup(ROOT_INO, b"retried") == out[0].ino
+        assert [n for _c, n, _i in meta.readdir(ROOT_INO, 0)] == [b"committed", b"retried"]
     finally:
         meta.close()
 

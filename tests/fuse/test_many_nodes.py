@@ -178,7 +178,7 @@ def test_node_killed_with_data_not_uploaded(mount_factory, s3_url, s3_endpoint, 
     it died) is published and uploaded, B reads all of it, fsck is clean."""
     env = dict(os.environ, **s3_env(s3_endpoint))
     url = postgres.new_schema()
-    args = ("--meta-url", url, "--session-timeout", "4", "--cold-timeout", "3")
+    args = ("--meta-url", url, "--session-timeout", "6", "--cold-timeout", "3")
     faults = tmp_path / "faults.json"
     a = mount_factory(cold_url=s3_url, env=env, name="a",
                       args=args + ("--fault-file", str(faults)))

@@ -62,11 +62,12 @@ class _Txn:
     """One transaction on one pooled connection (autocommit off by explicit BEGIN).
     A write transaction notes the inode and entry keys it changes (the feed)."""
 
-    __slots__ = ("cur", "changes")
+    __slots__ = ("cur", "changes", "xid")
 
-    def __init__(self, cur, changes: Changes | None):
+    def __init__(self, cur, changes: Changes | None, xid: str | None = None):
         self.cur = cur
         self.changes = changes
+        self.xid = xid  # a write's transaction id
 
     def get(self, key: bytes) -> bytes | None:
         row = self.cur.execute("SELECT v FROM tierfs_kv WHERE k = %s", (key,)).fetchone()
@@ -149,10 +150,16 @@ class PostgresKV:
         except self._unreachable as e:
             raise _Retry(e) from None
         committing = False
+        xid = None
         try:
             with conn.cursor() as cur:
-                cur.execute(begin)
-                txn = _Txn(cur, Changes() if write else None)
+                if write:  # its id, in the same round trip: how a lost COMMIT ended
+                    cur.execute(begin + "; SELECT pg_current_xact_id()::text")
+                    cur.nextset()
+                    xid = cur.fetchone()[0]
+                else:
+                    cur.execute(begin)
+                txn = _Txn(cur, Changes() if write else None, xid)
                 try:
                     yield txn
                 except BaseException:
@@ -168,13 +175,40 @@ class PostgresKV:
         except self._retryable as e:
             raise _Retry(e) from None
         except self._psycopg.OperationalError as e:
-            if committing:
-                log.error("metadata database %s: connection lost during COMMIT (%s); "
-                          "the operation's outcome is unknown", self.where, first_line(e))
+            if not committing:
+                raise _Retry(e) from None
+            outcome = self.outcome(xid)
+            if outcome == "aborted":
+                raise _Retry(e) from None
+            if outcome != "committed":
+                log.error("metadata database %s: connection lost during COMMIT (%s), and "
+                          "whether it committed cannot be learned (%s)", self.where,
+                          first_line(e), outcome)
                 raise FsError(errno.EIO) from None
-            raise _Retry(e) from None
         finally:
             conn_cm.__exit__(None, None, None)
+
+    def outcome(self, xid: str | None) -> str:
+        """How a transaction whose COMMIT lost its connection ended: "committed",
+        "aborted", or why that is not known. Asks again (a restarting server) for up
+        to `wait`: a restart ends every transaction one way or the other."""
+        if xid is None:
+            return "no transaction id"
+        deadline = time.monotonic() + self.wait
+        while True:
+            try:
+                with self._psycopg.connect(self.url, autocommit=True,
+                                           connect_timeout=CONNECT_TIMEOUT) as conn:
+                    status = conn.execute("SELECT pg_xact_status(%s::xid8)",
+                                          (xid,)).fetchone()[0]
+                if status in ("committed", "aborted"):
+                    return status
+                if time.monotonic() >= deadline:
+                    return f"still {status}"
+            except self._psycopg.Error as e:
+                if time.monotonic() >= deadline:
+                    return first_line(e)
+            time.sleep(0.2)
 
     def get(self, key: bytes) -> bytes | None:
         """One statement outside a transaction (its own snapshot): one round trip."""
