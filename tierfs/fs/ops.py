@@ -67,6 +67,33 @@ def _guard(fn):
     return wrapper
 
 
+def attr_change(attr, fields, uid: int, t: int):
+    """What a setattr request does to an inode record (the size itself is the
+    engine's truncate), as a function that only assigns: a retried transaction
+    may apply it twice."""
+    def change(node: Inode) -> None:
+        if fields.update_size:
+            node.size = attr.st_size
+            node.mtime_ns = t
+            if uid != 0:
+                node.mode = kill_suid(node.mode)
+        if fields.update_mode:
+            node.mode = stat.S_IFMT(node.mode) | stat.S_IMODE(attr.st_mode)
+        if fields.update_uid or fields.update_gid:
+            if fields.update_uid:
+                node.uid = attr.st_uid
+            if fields.update_gid:
+                node.gid = attr.st_gid
+            if not stat.S_ISDIR(node.mode) and not fields.update_mode:
+                node.mode = kill_suid(node.mode)
+        if fields.update_atime:
+            node.atime_ns = attr.st_atime_ns
+        if fields.update_mtime:
+            node.mtime_ns = attr.st_mtime_ns
+        node.ctime_ns = attr.st_ctime_ns if fields.update_ctime else t
+    return change
+
+
 class Handle:
     __slots__ = ("ino", "flags")
 
@@ -85,6 +112,7 @@ class Operations(pyfuse3.Operations):
                  control=None):
         super().__init__()
         self.meta = meta
+        self.ns = meta  # the namespace's store: the same one on a single node
         self.engine = engine
         self.state = engine.state  # fenced: every change is refused (EROFS)
         self.timeout = timeout
@@ -182,31 +210,13 @@ class Operations(pyfuse3.Operations):
             elif not (fields.update_mtime or fields.update_ctime):
                 pass  # truncate to the same size still updates times below
         node = self.meta.get_inode(inode)
-        t = time.time_ns()
-        if fields.update_size:
-            node.mtime_ns = t
-            if ctx.uid != 0:
-                node.mode = kill_suid(node.mode)
-        if fields.update_mode:
-            node.mode = stat.S_IFMT(node.mode) | stat.S_IMODE(attr.st_mode)
-        if fields.update_uid or fields.update_gid:
-            if fields.update_uid:
-                node.uid = attr.st_uid
-            if fields.update_gid:
-                node.gid = attr.st_gid
-            if not stat.S_ISDIR(node.mode) and not fields.update_mode:
-                node.mode = kill_suid(node.mode)
-        if fields.update_atime:
-            node.atime_ns = attr.st_atime_ns
-        if fields.update_mtime:
-            node.mtime_ns = attr.st_mtime_ns
-        node.ctime_ns = attr.st_ctime_ns if fields.update_ctime else t
+        attr_change(attr, fields, ctx.uid, time.time_ns())(node)
         self.meta.put_inode(node)
         return self._entry(node)
 
     @_guard
     async def readlink(self, inode, ctx):
-        return self.meta.readlink(inode)
+        return await self._names(self.ns.readlink, inode)
 
     # ---- namespace --------------------------------------------------------------------
     def _create(self, parent, name, mode, ctx, rdev=0, target=None):
@@ -321,7 +331,7 @@ class Operations(pyfuse3.Operations):
     # ---- directories -------------------------------------------------------------------
     @_guard
     async def opendir(self, inode, ctx):
-        node = self.meta.get_inode(inode)
+        node = await self._names(self.ns.get_inode, inode)
         if not stat.S_ISDIR(node.mode):
             raise FsError(errno.ENOTDIR)
         return self._new_fh(inode, 0)
@@ -377,6 +387,14 @@ class Operations(pyfuse3.Operations):
         if not self.xattrs:
             raise FsError(errno.ENOSYS)
 
+    async def _names(self, fn, *args):
+        """A call of the namespace's store: inline here (LMDB at page-cache speed); a
+        shared namespace's adapter awaits it in a worker thread."""
+        return fn(*args)
+
+    async def _fresh(self, ino: int) -> None:
+        """Before answering this node's tiering state of a file (shared: pull it)."""
+
     @_guard
     async def setxattr(self, inode, name, value, ctx):
         self._check_xattrs()
@@ -385,7 +403,7 @@ class Operations(pyfuse3.Operations):
         if name.startswith(b"user.tierfs."):
             raise FsError(errno.EPERM)
         self.state.check_writable()
-        self.meta.set_xattr(inode, name, value)
+        await self._names(self.ns.set_xattr, inode, name, value)
         if name == CAPABILITY_XATTR:
             self.capabilities_exist = True
 
@@ -398,19 +416,26 @@ class Operations(pyfuse3.Operations):
         if _unsupported(name):
             raise FsError(errno.EOPNOTSUPP)
         if name.startswith(b"user.tierfs.") and self.control is not None:
+            await self._fresh(inode)
             value = self.control.virtual_xattr(inode, name)
             if value is not None:
                 return value
-        value = self.meta.get_xattr(inode, name)
+        value = await self._names(self._get_xattr, inode, name)
         if value is None:
-            self.meta.get_inode(inode)  # ENOENT beats ENODATA
             raise FsError(pyfuse3.ENOATTR)
+        return value
+
+    def _get_xattr(self, inode: int, name: bytes) -> bytes | None:
+        value = self.ns.get_xattr(inode, name)
+        if value is None:
+            self.ns.get_inode(inode)  # ENOENT beats ENODATA
         return value
 
     @_guard
     async def listxattr(self, inode, ctx):
         self._check_xattrs()
-        return [n for n in self.meta.list_xattrs(inode) if not _unsupported(n)]
+        names = await self._names(self.ns.list_xattrs, inode)
+        return [n for n in names if not _unsupported(n)]
 
     @_guard
     async def removexattr(self, inode, name, ctx):
@@ -418,4 +443,4 @@ class Operations(pyfuse3.Operations):
         if _unsupported(name):
             raise FsError(errno.EOPNOTSUPP)
         self.state.check_writable()
-        self.meta.remove_xattr(inode, name)
+        await self._names(self.ns.remove_xattr, inode, name)

@@ -19,7 +19,7 @@ import trio
 
 from ..errors import FsError
 from ..tier.engine import kill_suid
-from .ops import CAPABILITY_XATTR, Operations, _guard, _unsupported
+from .ops import CAPABILITY_XATTR, Operations, _guard, attr_change
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ class SharedOperations(Operations):
         super().__init__(view.local, engine, **kwargs)
         self.ns = shared
         self.view = view
-        self.call = view.call
+        self.call = self._names = view.call
         self.capabilities_exist = shared.xattr_name_exists(CAPABILITY_XATTR)
         # Inodes this node's unlink, rmdir or rename may have left as orphans (no name,
         # open here): only those need the database's purge when the kernel lets go.
@@ -66,44 +66,21 @@ class SharedOperations(Operations):
             if attr.st_size != self.meta.get_inode(inode).size:
                 await self.engine.truncate(inode, attr.st_size)
             self.view.touched(inode)
-        t = time.time_ns()
-
-        def change(node) -> None:  # assignments only: a retried transaction runs it twice
-            if fields.update_size:
-                node.size = attr.st_size
-                node.mtime_ns = t
-                if ctx.uid != 0:
-                    node.mode = kill_suid(node.mode)
-            if fields.update_mode:
-                node.mode = stat.S_IFMT(node.mode) | stat.S_IMODE(attr.st_mode)
-            if fields.update_uid or fields.update_gid:
-                if fields.update_uid:
-                    node.uid = attr.st_uid
-                if fields.update_gid:
-                    node.gid = attr.st_gid
-                if not stat.S_ISDIR(node.mode) and not fields.update_mode:
-                    node.mode = kill_suid(node.mode)
-            if fields.update_atime:
-                node.atime_ns = attr.st_atime_ns
-            if fields.update_mtime:
-                node.mtime_ns = attr.st_mtime_ns
-            node.ctime_ns = attr.st_ctime_ns if fields.update_ctime else t
-
+        change = attr_change(attr, fields, ctx.uid, time.time_ns())
         node = await self.call(self.ns.modify_inode, inode, change)
         self._change_local(inode, change)
         if fields.update_size or fields.update_mtime:
             await self.view.push(inode)
         return self._entry(self.view.local_attrs(node))
 
+    async def _fresh(self, ino: int) -> None:
+        await self.view.pull(ino)  # the state of this node's copy, made current
+
     def _change_local(self, ino: int, change) -> None:
         try:
             self.meta.modify_inode(ino, change)
         except FsError:
             pass  # this node holds no copy of it
-
-    @_guard
-    async def readlink(self, inode, ctx):
-        return await self.call(self.ns.readlink, inode)
 
     # ---- namespace ------------------------------------------------------------------
     async def _create_shared(self, parent, name, mode, ctx, rdev=0, target=None):
@@ -239,13 +216,6 @@ class SharedOperations(Operations):
 
     # ---- directories -------------------------------------------------------------
     @_guard
-    async def opendir(self, inode, ctx):
-        node = await self.call(self.ns.get_inode, inode)
-        if not stat.S_ISDIR(node.mode):
-            raise FsError(errno.ENOTDIR)
-        return self._new_fh(inode, 0)
-
-    @_guard
     async def readdir(self, fh, start_id, token):
         ino = self.handles[fh].ino
         after = start_id
@@ -278,53 +248,3 @@ class SharedOperations(Operations):
         used = await self.call(self.ns.inode_count)
         out.f_files = used + (1 << 32)
         return out
-
-    # ---- xattrs --------------------------------------------------------------------
-    @_guard
-    async def setxattr(self, inode, name, value, ctx):
-        self._check_xattrs()
-        if _unsupported(name):
-            raise FsError(errno.EOPNOTSUPP)
-        if name.startswith(b"user.tierfs."):
-            raise FsError(errno.EPERM)
-        self.state.check_writable()
-        await self.call(self.ns.set_xattr, inode, name, value)
-        if name == CAPABILITY_XATTR:
-            self.capabilities_exist = True
-
-    @_guard
-    async def getxattr(self, inode, name, ctx):
-        self._check_xattrs()
-        if name == CAPABILITY_XATTR and not self.capabilities_exist:
-            raise FsError(pyfuse3.ENOATTR)
-        if _unsupported(name):
-            raise FsError(errno.EOPNOTSUPP)
-        if name.startswith(b"user.tierfs.") and self.control is not None:
-            await self.view.pull(inode)  # the state of this node's copy, made current
-            value = self.control.virtual_xattr(inode, name)
-            if value is not None:
-                return value
-
-        def get() -> bytes | None:
-            value = self.ns.get_xattr(inode, name)
-            if value is None:
-                self.ns.get_inode(inode)  # ENOENT beats ENODATA
-            return value
-
-        value = await self.call(get)
-        if value is None:
-            raise FsError(pyfuse3.ENOATTR)
-        return value
-
-    @_guard
-    async def listxattr(self, inode, ctx):
-        self._check_xattrs()
-        return [n for n in await self.call(self.ns.list_xattrs, inode) if not _unsupported(n)]
-
-    @_guard
-    async def removexattr(self, inode, name, ctx):
-        self._check_xattrs()
-        if _unsupported(name):
-            raise FsError(errno.EOPNOTSUPP)
-        self.state.check_writable()
-        await self.call(self.ns.remove_xattr, inode, name)
