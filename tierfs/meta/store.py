@@ -735,11 +735,7 @@ class MetaStore:
                     txn.put(s.ref_key(obj_id, ref.offset), ref.encode())
             if inode is not None:
                 txn.put(s.inode_key(inode.ino), inode.encode())
-            for (ino, idx), ext in extents.items():
-                if ext is None:
-                    txn.delete(s.extent_key(ino, idx))
-                else:
-                    txn.put(s.extent_key(ino, idx), ext.encode())
+            self._put_extents(txn, extents)
             for obj in gc_objects:
                 self._drop_object(txn, obj)
             for obj in uploaded:
@@ -749,6 +745,15 @@ class MetaStore:
             for obj in unreferenced:
                 txn.delete(s.intent_key(obj))
                 self._drop_object(txn, obj, referenced=False)
+
+    @staticmethod
+    def _put_extents(txn, extents: dict[tuple[int, int], Extent | None]) -> None:
+        """Write extent records; None deletes one."""
+        for (ino, idx), ext in extents.items():
+            if ext is None:
+                txn.delete(s.extent_key(ino, idx))
+            else:
+                txn.put(s.extent_key(ino, idx), ext.encode())
 
     @_transaction
     def put_extent_if(self, ino: int, idx: int, expect: Extent, new: Extent) -> bool:
@@ -1016,11 +1021,7 @@ class MetaStore:
         this node never deletes them)."""
         with self._write() as txn:
             txn.put(s.inode_key(node.ino), node.encode())
-            for (ino, idx), ext in extents.items():
-                if ext is None:
-                    txn.delete(s.extent_key(ino, idx))
-                else:
-                    txn.put(s.extent_key(ino, idx), ext.encode())
+            self._put_extents(txn, extents)
             for obj_id in packs:
                 if txn.get(s.pack_key(obj_id)) is None:
                     txn.put(s.pack_key(obj_id), Pack(0, 0).encode())
