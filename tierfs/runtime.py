@@ -196,6 +196,7 @@ class Daemon:
         self.view = SharedView(self.shared, self.engine, wait=cfg.cold_timeout)
         self.view.hurry = self.uploader.hurry
         self.uploader.on_finished = self.view.uploaded
+        self.uploader.ids_ready = self.view.ids_ready
         # Objects another node may still be reading wait a while before they go.
         grace = max(2 * cfg.attr_timeout, 60.0)
         self.gc = GarbageCollector(self.engine, grace=grace)

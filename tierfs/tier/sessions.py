@@ -27,9 +27,12 @@ class SessionKeeper:
         self.state = state
         self.timeout = timeout
         self.sid = shared.session
+        self._limiter = trio.CapacityLimiter(1)
 
     async def _call(self, fn, *args):
-        return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+        # A limiter of its own: a heartbeat must not queue behind other worker threads.
+        return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True,
+                                             limiter=self._limiter)
 
     async def run(self) -> None:
         while not self.state.fenced:

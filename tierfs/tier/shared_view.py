@@ -55,6 +55,7 @@ class SharedView:
         self._due: set[int] = set()
         self._wake = trio.Event()
         self._ids: deque[int] = deque()
+        self._ids_lock = trio.Lock()
         self.local.object_ids = self._object_id
         self.hurry = lambda ino: None  # upload a closed file's data now (the uploader)
 
@@ -65,18 +66,19 @@ class SharedView:
 
     # ---- object ids -------------------------------------------------------------------
     def _object_id(self) -> int:
-        if not self._ids:  # the block ahead was not fetched in time: fetch it here
+        if not self._ids:  # not reached: every taker awaits ids_ready() first
             self._add_block(self.shared._take_block(b"obj"))
-        if len(self._ids) < IDS_LOW:
-            self._wake.set()
         return self._ids.popleft()
 
     def _add_block(self, first: int) -> None:
         self._ids.extend(range(first, first + ID_BLOCK))
 
-    async def _refill(self) -> None:
-        if len(self._ids) < IDS_LOW:
-            self._add_block(await self.call(self.shared._take_block, b"obj"))
+    async def ids_ready(self) -> None:
+        """Object ids in hand for the next uploads, fetched in a worker thread (the
+        uploader awaits this before it takes one: no database call on the trio loop)."""
+        async with self._ids_lock:
+            if len(self._ids) < IDS_LOW:
+                self._add_block(await self.call(self.shared._take_block, b"obj"))
 
     # ---- changes made here ----------------------------------------------------------
     def touched(self, ino: int) -> None:
@@ -95,10 +97,9 @@ class SharedView:
 
     async def run(self) -> None:
         """Push files whose uploads finished (and, first, those the last run left
-        unpublished); keep object ids ahead."""
+        unpublished)."""
         self._due.update(self.unpublished)
         while True:
-            await self._refill()
             while self._due:
                 batch = sorted(self._due)[:PUSH_BATCH]
                 self._due.difference_update(batch)

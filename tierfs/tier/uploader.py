@@ -36,6 +36,10 @@ MAX_BACKOFF_S = 5.0  # between upload rounds while the bucket fails
 PACKS_IN_FLIGHT = 2
 
 
+async def _nothing() -> None:
+    pass
+
+
 class Uploader:
     def __init__(self, engine, space, *, delay: float, parallel: int, pack_below: int = 0,
                  pack_size: int = 64 << 20):
@@ -50,6 +54,7 @@ class Uploader:
         self.urgent: set[int] | None = None   # inodes to upload now (sync), None = none
         self.hurried: set[int] = set()         # inodes other nodes may wait for: no delay
         self.on_finished = lambda inos: None   # uploads of these inodes ended
+        self.ids_ready = _nothing                # awaited before an object id is taken
         self._wake = trio.Event()
         self.changed = trio.Event()           # fires after every finished upload
         self.failures = 0
@@ -179,6 +184,7 @@ class Uploader:
     async def upload(self, key: Key) -> None:
         engine = self.engine
         ino, idx = key
+        await self.ids_ready()
         got = self._dirty_copy(key)
         if got is None:
             return
@@ -270,6 +276,7 @@ class Uploader:
         """Upload the dirty extents of `batch` as one object; commit, in one
         transaction, those nobody wrote to meanwhile."""
         engine = self.engine
+        await self.ids_ready()
         pieces = []  # (key, generation, fd, length)
         for key in batch:
             got = self._dirty_copy(key)
