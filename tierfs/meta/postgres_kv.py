@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 from ..errors import FsError, UserError
 from .kv import first_line
 from .postgres_feed import Changes, Listener, new_sender, payload
+from .postgres_pool import Connections, NoConnectionSlot
 
 log = logging.getLogger("tierfs.meta")
 
@@ -98,14 +99,13 @@ class PostgresKV:
         try:
             import psycopg
             from psycopg import errors as pg_errors
-            from psycopg_pool import ConnectionPool, PoolTimeout
         except ImportError:
-            raise UserError("a postgresql:// metadata URL needs psycopg 3 and psycopg-pool: "
+            raise UserError("a postgresql:// metadata URL needs psycopg 3: "
                             "pip install 'tierfs[postgres]'") from None
         self._psycopg = psycopg
         self._sql = psycopg.sql
         self._retryable = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected)
-        self._unreachable = (psycopg.OperationalError, PoolTimeout)
+        self._unreachable = (psycopg.OperationalError, NoConnectionSlot)
         self.url = url
         self.where = describe(url)
         self.wait = wait
@@ -119,10 +119,9 @@ class PostgresKV:
         # One channel per filesystem: a database may hold several, one per schema.
         self.channel = "tierfs_" + hashlib.sha256(schema.encode()).hexdigest()[:16]
         self.sender = new_sender()
-        self.pool = ConnectionPool(url, min_size=1, max_size=pool_size, open=True,
-                                   kwargs={"autocommit": True,
-                                           "connect_timeout": CONNECT_TIMEOUT},
-                                   timeout=min(max(wait, 0.1), 5.0), name="tierfs-meta")
+        self.pool = Connections(
+            lambda: psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT),
+            size=pool_size, slot_wait=min(max(wait, 0.1), 5.0))
 
     def _create_schema(self, conn) -> None:
         """Tables on first use, under an advisory lock (several nodes may start at once)."""
@@ -256,6 +255,7 @@ class PostgresKV:
                 if isinstance(cause, self._retryable):
                     pause = min(pause * 2, 0.05)
                 else:
+                    self.pool.forget_idle()
                     if first_failure is None:
                         first_failure = now
                         log.warning("metadata database %s unreachable (%s); waiting up "
