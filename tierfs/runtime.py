@@ -201,7 +201,8 @@ class Daemon:
         grace = max(2 * cfg.attr_timeout, 60.0)
         self.gc = GarbageCollector(self.engine, grace=grace)
         self.shared_gc = GarbageCollector(self.engine, meta=self.shared, grace=grace)
-        self.lease = SessionKeeper(self.shared, self.state, timeout=cfg.session_timeout)
+        self.lease = SessionKeeper(self.shared, self.state, self.stats,
+                                   timeout=cfg.session_timeout)
         self.checkpointer = self.view  # sync --wait: the files' shared records
         self.uploader.paused = self.gc.paused = self.shared_gc.paused = \
             lambda: self.state.fenced

@@ -8,6 +8,7 @@ import errno
 import random
 import stat
 import threading
+import time
 
 import pytest
 
@@ -271,6 +272,25 @@ def test_an_expired_session_is_ended_by_another_node(nodes):
     assert held["a"][1] in [obj for obj, _epoch in b.gc_pending()]
     with pytest.raises(SessionLost):
         a.heartbeat()
+    assert [x.node for x in b.sessions()] == ["node-b"]
+
+
+def test_a_session_is_ended_only_while_it_is_still_stale(nodes):
+    """end_session() of another node re-checks inside its transaction: a heartbeat
+    newer than the bound, a decision due before now (a call the engine held up
+    through an outage) or a session already gone decide nothing."""
+    a, b = nodes[0], nodes[1]
+    sa = a.open_session("node-a", 1, "/mnt/a")
+    b.open_session("node-b", 2, "/mnt/b")
+    soon = time.monotonic() + 60
+    assert b.end_session(sa, stale_s=3600, decide_by=soon) is None  # fresh
+    a.heartbeat()
+    assert b.end_session(sa, stale_s=0, decide_by=time.monotonic() - 1) is None  # held up
+    a.heartbeat()
+    assert b.end_session(sa, stale_s=0, decide_by=soon) == (0, 0)
+    with pytest.raises(SessionLost):
+        a.heartbeat()
+    assert b.end_session(sa, stale_s=0, decide_by=soon) is None  # gone already
     assert [x.node for x in b.sessions()] == ["node-b"]
 
 

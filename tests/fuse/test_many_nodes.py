@@ -8,9 +8,11 @@ import errno
 import os
 import random
 import threading
+import time
 
 import pytest
 
+from tests.fuse.test_tiering import status
 from tests.harness import read_file, wait_until, write_file
 from tests.moto_server import s3_env
 
@@ -290,6 +292,32 @@ def test_database_restart_during_metadata_load(nodes, postgres):
         assert set(made) <= names
     for name in random.Random(1).sample(made, 20):
         assert read_file(c.path("load", name)) == name.encode()
+
+
+def test_an_outage_longer_than_the_session_timeout_ends_no_session(nodes, postgres):
+    """PostgreSQL is away longer than the session timeout (8 s against 6 s), so every
+    heartbeat is that old when it returns; no node ends another's session for it:
+    each judges others only after a whole timeout of its own heartbeats on time.
+    Afterwards every node still writes, and sees what the others wrote."""
+    def checks():
+        return [status(m)["counters"].get("session_checks", 0) for m in nodes]
+    wait_until(lambda: min(checks()) >= 1, 60, "each node to judge sessions once")
+    before = checks()
+    postgres.stop()
+    try:
+        time.sleep(8)  # the outage itself: it must outlast the 6 s timeout
+    finally:
+        postgres.start()
+    # Each node completes two more checks: at least one of them wholly after the outage.
+    wait_until(lambda: all(now >= then + 2 for now, then in zip(checks(), before)), 60,
+               "checks after the outage", interval=0.5)
+    for m in nodes:
+        assert "ended the expired session" not in m.log()
+        assert "taken over" not in m.log()
+    for i, m in enumerate(nodes):
+        write_file(m.path(f"after{i}"), b"%d" % i)
+    for m in nodes:
+        assert [read_file(m.path(f"after{i}")) for i in range(NODES)] == [b"0", b"1", b"2"]
 
 
 def test_distributed_checkpoint_from_three_ranks(mount_factory, s3_url, s3_endpoint,

@@ -851,13 +851,25 @@ class MetaStore:
         return [x for x in self.sessions() if x.heartbeat_ns < oldest and x.sid != self.session]
 
     @_transaction
-    def end_session(self, sid: int) -> tuple[int, int]:
+    def end_session(self, sid: int, *, stale_s: float | None = None,
+                    decide_by: float | None = None) -> tuple[int, int] | None:
         """End a session (a clean unmount, or a dead node's, found expired): purge the
         files it held open after their last name was gone, and send the objects of
         uploads it never finished to gc. Returns (files purged, intents abandoned).
-        Ending a session twice does nothing the second time."""
+        Ending a session twice does nothing the second time.
+
+        Another node's session (`stale_s` given) is ended only if, inside this
+        transaction, its heartbeat is still older than `stale_s` and the clock
+        (time.monotonic) has not passed `decide_by`: a call the engine held up
+        through an outage decides nothing (None), since the other node could not
+        beat its heart either."""
         owner = s.u64(sid)
         with self._write() as txn:
+            if stale_s is not None:
+                raw = txn.get(s.session_key(sid))
+                if (raw is None or (decide_by is not None and time.monotonic() > decide_by)
+                        or Session.decode(sid, raw).heartbeat_ns >= now_ns() - int(stale_s * 1e9)):
+                    return None
             orphans = [s.read_u64(k, 1) for k, v in self._scan(txn, b"O") if v == owner]
             intents = [s.read_u64(k, 1) for k, v in self._scan(txn, b"U") if v == owner]
             for ino in orphans:
