@@ -45,6 +45,7 @@ READ_AROUND_EXTENTS = 256  # and at most this many: each costs a record read on 
 WANTED_SPAN = 8 << 20
 WANTED_SPAN_EXTENTS = 1024
 WANTED_GAP = 256 << 10  # dead bytes between two wanted pieces read along, at most
+REFS_CHUNK = 512 << 10  # of a pack's references read at a time while looking for a run
 # Neighbours fetched along (read-around and wanted) and not installed yet, at most: the
 # memory they hold while their GETs run and their installs wait.
 NEIGHBOURS_IN_MEMORY = 64 << 20
@@ -501,43 +502,54 @@ class Engine:
         (up to WANTED_GAP bytes between two of them read along: dead, unwanted, hot or
         already on their way), up to WANTED_SPAN bytes
         and what is left of NEIGHBOURS_IN_MEMORY, while the hot tier has room for them
-        without evicting."""
+        without evicting. The pack's references are read outwards a little at a time:
+        a run usually ends long before WANTED_SPAN."""
         budget = min(WANTED_SPAN, NEIGHBOURS_IN_MEMORY - self._neighbour_bytes) - ext.obj_len
         if (self.space is None or budget <= 0 or ext.dirty
                 or self.meta.pack(ext.obj_id) is None):
             return []
-        refs = self.meta.pack_refs(ext.obj_id, max(0, ext.obj_off - budget),
-                                   ext.obj_off + ext.obj_len + budget)
-        at = next((i for i, r in enumerate(refs) if r.offset == ext.obj_off), None)
-        if at is None:
-            return []
-
-        def usable(ref) -> Extent | None:
-            return self._cold_piece(key, ext, ref) if wanted(ref.ino) else None
-
         limit = budget + ext.obj_len  # of the whole span, from its first byte to its last
         picked, lo, hi = [], ext.obj_off, ext.obj_off + ext.obj_len
-        # Forward first (packs hold files in creation order), then backward. A piece not
-        # wanted, or hot or on its way already, is read over if it is short.
-        for ref in refs[at + 1:]:
-            if ref.offset + ref.length - lo > limit or len(picked) >= WANTED_SPAN_EXTENTS:
-                break
-            nx = usable(ref) if ref.offset - hi <= WANTED_GAP else None
+
+        def take(ref) -> bool:
+            nx = self._cold_piece(key, ext, ref) if wanted(ref.ino) else None
             if nx is not None:
                 picked.append(((ref.ino, ref.index), nx))
+            return nx is not None
+
+        # Forward first (packs hold files in creation order), then backward. A piece not
+        # wanted, or hot or on its way already, is read over if it is short.
+        for ref in self._refs_after(ext.obj_id, hi, ext.obj_off + limit):
+            if ref.offset + ref.length - lo > limit or len(picked) >= WANTED_SPAN_EXTENTS:
+                break
+            if ref.offset - hi <= WANTED_GAP and take(ref):
                 hi = ref.offset + ref.length
             elif ref.offset + ref.length - hi > WANTED_GAP:
                 break
-        for ref in reversed(refs[:at]):
+        for ref in self._refs_before(ext.obj_id, hi - limit, lo):
             if hi - ref.offset > limit or len(picked) >= WANTED_SPAN_EXTENTS:
                 break
-            nx = usable(ref) if lo - (ref.offset + ref.length) <= WANTED_GAP else None
-            if nx is not None:
-                picked.append(((ref.ino, ref.index), nx))
+            if lo - (ref.offset + ref.length) <= WANTED_GAP and take(ref):
                 lo = ref.offset
             elif lo - ref.offset > WANTED_GAP:
                 break
         return self._register(picked)
+
+    def _refs_after(self, obj_id: int, start: int, end: int):
+        """References into a pack at offsets start <= offset < end, nearest first,
+        REFS_CHUNK bytes of the pack at a time."""
+        while start < end:
+            stop = min(end, start + REFS_CHUNK)
+            yield from self.meta.pack_refs(obj_id, start, stop)
+            start = stop
+
+    def _refs_before(self, obj_id: int, start: int, end: int):
+        """References into a pack at offsets start <= offset < end, nearest (last) first."""
+        start = max(0, start)
+        while end > start:
+            begin = max(start, end - REFS_CHUNK)
+            yield from reversed(self.meta.pack_refs(obj_id, begin, end))
+            end = begin
 
     async def _get_around(self, ext: Extent, ino: int, idx: int, around: list):
         """The bytes of `ext` (verified), and [(key, record, pending, bytes)] of the
