@@ -1,4 +1,5 @@
-"""Bad input: every case gets one clear line on stderr, exit status 1, no traceback."""
+"""Bad input: every case gets one clear line on stderr, exit status 1 (2 for a command line
+that cannot be parsed), no traceback."""
 from __future__ import annotations
 
 import json
@@ -198,6 +199,20 @@ def test_stale_mount_after_kill9_is_cleaned(mnt):
     assert "removed a stale mount" in res.stdout
     with open(mnt.path("f"), "rb") as f:
         assert f.read() == b"data"
+
+
+@pytest.mark.parametrize("args, fragment, see", [
+    (["frobnicate"], "invalid choice: 'frobnicate'", "tierfs --help"),
+    (["mount", "--no-such-option"], "unrecognized arguments: --no-such-option", "tierfs --help"),
+    (["fsck"], "required: COLD_URL", "tierfs fsck --help"),
+    (["mount", "--cache-size"], "--cache-size: expected one argument", "tierfs mount --help"),
+])
+def test_usage_errors_are_one_line_naming_the_help(args, fragment, see):
+    res = run_cli(*args)
+    assert res.returncode == 2, res
+    assert res.stderr.strip().splitlines() == [res.stderr.strip()], res.stderr
+    assert fragment in res.stderr and f"(see {see})" in res.stderr, res.stderr
+    assert res.stdout == ""
 
 
 def test_umount_not_mounted(tmp_path):

@@ -76,8 +76,16 @@ def _umount_target(args) -> str:
     return found
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Usage errors in one line that names the problem and where help is, as every
+    other error of the command (argparse would print the whole usage first)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tierfs", description="Tiered POSIX filesystem: "
+    parser = OneLineParser(prog="tierfs", description="Tiered POSIX filesystem: "
                                      "local NVMe hot tier, S3 cold tier, one namespace.")
     parser.add_argument("--version", action="version", version=f"tierfs {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
