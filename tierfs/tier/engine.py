@@ -559,9 +559,19 @@ class Engine:
         lo = min([ext.obj_off] + [nx.obj_off for _k, nx, _p in around])
         hi = max([ext.obj_off + ext.obj_len] + [nx.obj_off + nx.obj_len for _k, nx, _p in around])
         span = replace(ext, obj_off=lo, obj_len=hi - lo)
-        blob = await self.get_verified(span, ino, idx, check=False, record=ext)
-        data = blob[ext.obj_off - lo:ext.obj_off - lo + ext.obj_len]
-        if not object_matches(data, ext.obj_len, ext.checksum):
+
+        def split(blob: bytes):
+            """Each piece verified on its own, in the GET's worker thread (a span of up
+            to WANTED_SPAN bytes is too much hashing for the trio thread)."""
+            own = blob[ext.obj_off - lo:ext.obj_off - lo + ext.obj_len]
+            pieces = [blob[nx.obj_off - lo:nx.obj_off - lo + nx.obj_len]
+                      for _k, nx, _p in around]
+            return (own, object_matches(own, ext.obj_len, ext.checksum),
+                    [piece if object_matches(piece, nx.obj_len, nx.checksum) else None
+                     for piece, (_k, nx, _p) in zip(pieces, around)])
+
+        data, ok, pieces = await self._get(span, ino, idx, False, ext, split)
+        if not ok:
             if self._moved(ino, idx, ext):
                 raise _Moved
             self.stats.inc("checksum_errors")
@@ -569,9 +579,8 @@ class Engine:
                       "returning EIO", object_name(ext.obj_id), ext.obj_len, ext.obj_off, ino, idx)
             raise FsError(errno.EIO, "checksum mismatch")
         more = []
-        for nkey, nx, pending in around:
-            piece = blob[nx.obj_off - lo:nx.obj_off - lo + nx.obj_len]
-            if object_matches(piece, nx.obj_len, nx.checksum):
+        for (nkey, nx, pending), piece in zip(around, pieces):
+            if piece is not None:
                 pending.data = piece
                 pending.ready.set()  # its readers need not wait for the install
                 more.append((nkey, nx, pending, piece))
@@ -651,15 +660,21 @@ class Engine:
         the object and the inode and extent that need it (a pack holds many files:
         only this one gets the EIO). With `record`, a missing or mismatching object
         of an extent whose record has changed since raises _Moved, unlogged."""
+        return await self._get(ext, ino, idx, check, record, None)
+
+    async def _get(self, ext: Extent, ino: int, idx: int, check: bool,
+                   record: Extent | None, then):
+        """get_verified(); with `then`, what then(bytes) returns, run in the same worker
+        thread right after the GET."""
         name = object_name(ext.obj_id)
         of = f"inode {ino} extent {idx}"
 
-        def get_and_check() -> bytes:
+        def get_and_check():
             data = self.cold.get(name, ext.obj_off, ext.obj_len)
             if len(data) != ext.obj_len or (
                     check and not object_matches(data, ext.obj_len, ext.checksum)):
                 raise ChecksumMismatch(name)
-            return data
+            return data if then is None else then(data)
 
         t0 = time.monotonic()
         try:
@@ -691,7 +706,7 @@ class Engine:
             self.stats.inc("cold_errors")
             log.error("cold read of %s for %s failed: %s", name, of, e)
             raise FsError(errno.EIO, str(e)) from None
-        self.stats.inc("cold_read_bytes", len(data))
+        self.stats.inc("cold_read_bytes", ext.obj_len)
         self.stats.inc("cold_reads")
         self.stats.observe("cold_fetch_seconds", "", time.monotonic() - t0)
         return data
