@@ -86,7 +86,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="tierfs", description="Tiered POSIX filesystem: "
-                                     "local NVMe hot tier, S3 cold tier, one namespace.")
+                           "local NVMe hot tier, S3 cold tier, one namespace.")
     parser.add_argument("--version", action="version", version=f"tierfs {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_mount_parser(sub)
