@@ -78,8 +78,10 @@ def has_metadata(cache_dir: str) -> bool:
     return os.path.exists(os.path.join(meta_dir(cache_dir), "data.mdb"))
 
 
-def attach(cfg, cold, *, force: bool = False, allow_recover: bool = True, state=None):
-    """Returns (meta store, superblock, lease, notes for the user)."""
+def attach(cfg, cold, *, force: bool = False, allow_recover: bool = True, state=None,
+           check_new=None):
+    """Returns (meta store, superblock, lease, notes for the user). check_new(extent
+    size) may refuse a new filesystem (UserError) before anything is written for it."""
     notes = []
     sb = read_superblock(cold)
     if sb is not None and sb.shared:
@@ -99,7 +101,7 @@ def attach(cfg, cold, *, force: bool = False, allow_recover: bool = True, state=
     if took:
         notes.append(took)
     try:
-        meta, more = _attach_metadata(cfg, cold, sb, allow_recover, lease)
+        meta, more = _attach_metadata(cfg, cold, sb, allow_recover, lease, check_new)
         if sb is not None:
             note = upgrade(cold, meta, sb)
             if note:
@@ -111,9 +113,11 @@ def attach(cfg, cold, *, force: bool = False, allow_recover: bool = True, state=
     return meta, meta.superblock(), lease, notes + more
 
 
-def _attach_metadata(cfg, cold, sb, allow_recover: bool, lease: Lease):
+def _attach_metadata(cfg, cold, sb, allow_recover: bool, lease: Lease, check_new=None):
     """Create, recover or open the cache dir's metadata. Returns (store, notes)."""
     if sb is None:
+        if check_new is not None:
+            check_new(cfg.extent_size)
         sb = Superblock(fs_id=str(uuid.uuid4()), extent_size=cfg.extent_size,
                         created_ns=time.time_ns())
         cold.put(SUPERBLOCK_OBJECT, sb.encode())

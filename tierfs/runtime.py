@@ -9,6 +9,7 @@ import os
 import resource
 import signal
 import socket
+from types import SimpleNamespace
 
 import pyfuse3
 import trio
@@ -23,6 +24,7 @@ from .fs.ops import Operations
 from .fs.shared_ops import SharedOperations
 from .hot import HotStore
 from .mountpoint import check_fuse_available, check_mountpoint
+from .tier.cache import HotIndex
 from .tier.checkpoint import Checkpointer, Fenced
 from .tier.engine import Engine
 from .tier.compact import Compactor
@@ -107,6 +109,22 @@ class Daemon:
         self._registered: str | None = None  # registry entry of a --no-xattr mount
         self.on_cache_dir_locked = lambda: None  # the daemon's log starts here
 
+    def _space(self, engine) -> Space:
+        cfg = self.cfg
+        return Space(engine, cache_size=cfg.cache_size, min_free=cfg.min_free,
+                     policy=cfg.cache_policy, wait_limit=cfg.write_wait)
+
+    def _check_new_hot_tier(self, extent_size: int) -> None:
+        """A new filesystem: refuse a hot tier that cannot work with its extents before
+        the superblock is in the bucket, so that another --extent-size can still be
+        chosen (the extent size is fixed once the filesystem exists)."""
+        hot = HotStore(os.path.join(self.cfg.cache_dir, "hot"))
+        try:
+            check_cache_size(self._space(SimpleNamespace(index=HotIndex(), hot=hot)),
+                             extent_size)
+        finally:
+            hot.close()
+
     def prepare(self) -> None:
         """Everything that can fail with a user error, before mounting."""
         cfg = self.cfg
@@ -127,8 +145,9 @@ class Daemon:
             self.shared, self.meta, self.sb, notes = attach_shared(cfg, self.cold)
             self.shared.open_session(socket.gethostname(), os.getpid(), cfg.mountpoint)
         else:
-            self.meta, self.sb, self.lease, notes = attach(cfg, self.cold, force=cfg.force,
-                                                           state=self.state)
+            self.meta, self.sb, self.lease, notes = attach(
+                cfg, self.cold, force=cfg.force, state=self.state,
+                check_new=self._check_new_hot_tier)
         self.notes += notes
         if self.meta.abandon_intents():
             log.info("uploads interrupted by the last shutdown were queued for cleanup")
@@ -141,8 +160,7 @@ class Daemon:
         for ino in self.meta.orphans():  # unlinked while open when the daemon stopped
             if self.meta.purge_orphan(ino):
                 self.engine.drop_inode(ino)
-        self.space = Space(self.engine, cache_size=cfg.cache_size, min_free=cfg.min_free,
-                           policy=cfg.cache_policy, wait_limit=cfg.write_wait)
+        self.space = self._space(self.engine)
         check_cache_size(self.space, self.sb.extent_size)
         self.engine.space = self.space
         # Packs are not shared yet: on a shared namespace every extent is its own object.

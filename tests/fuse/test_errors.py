@@ -11,6 +11,7 @@ import boto3
 import pytest
 
 from tests.harness import run_cli
+from tierfs.meta.schema import SUPERBLOCK_OBJECT
 from tierfs.mountpoint import mounts
 from tests.moto_server import free_port, s3_env
 
@@ -289,3 +290,24 @@ def test_hot_tier_too_small_for_one_request(tmp_path):
     res = run_cli(*mount_args(tmp_path), "--cache-size", "2M", "--extent-size", "256K")
     assert res.returncode == 0, res.stderr
     assert run_cli("umount", str(tmp_path / "mnt")).returncode == 0
+
+
+def test_a_refused_first_mount_leaves_the_extent_size_open(tmp_path):
+    """A cache disk too small for the default 4 MiB extents refuses the first mount
+    before the filesystem exists, so a smaller --extent-size is still taken."""
+    small = tmp_path / "small"
+    small.mkdir()
+    (tmp_path / "mnt").mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(small)], check=True)
+    try:
+        args = mount_args(tmp_path, cache=str(small / "cache")) + ["--min-free", "0"]
+        assert_clean_error(run_cli(*args), "too full for the hot tier", "needs at least 8.0 MiB")
+        assert not (tmp_path / "cold" / SUPERBLOCK_OBJECT).exists()
+        res = run_cli(*args, "--extent-size", "64K")
+        assert res.returncode == 0, res.stderr
+        assert "extent size 65536" in res.stdout + res.stderr
+        assert run_cli("umount", str(tmp_path / "mnt")).returncode == 0
+    finally:
+        if str(tmp_path / "mnt") in mounts():
+            run_cli("umount", str(tmp_path / "mnt"))
+        subprocess.run(["umount", str(small)], check=True)
