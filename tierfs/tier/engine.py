@@ -561,17 +561,17 @@ class Engine:
         span = replace(ext, obj_off=lo, obj_len=hi - lo)
 
         def split(blob: bytes):
-            """Each piece verified on its own, in the GET's worker thread (a span of up
-            to WANTED_SPAN bytes is too much hashing for the trio thread)."""
-            own = blob[ext.obj_off - lo:ext.obj_off - lo + ext.obj_len]
-            pieces = [blob[nx.obj_off - lo:nx.obj_off - lo + nx.obj_len]
-                      for _k, nx, _p in around]
-            return (own, object_matches(own, ext.obj_len, ext.checksum),
-                    [piece if object_matches(piece, nx.obj_len, nx.checksum) else None
-                     for piece, (_k, nx, _p) in zip(pieces, around)])
+            """Each piece (None: it does not match) verified on its own, in the GET's
+            worker thread: a span of up to WANTED_SPAN bytes is too much hashing for
+            the trio thread."""
+            def piece(x: Extent) -> bytes | None:
+                data = blob[x.obj_off - lo:x.obj_off - lo + x.obj_len]
+                return data if object_matches(data, x.obj_len, x.checksum) else None
+            return piece(ext), [piece(nx) for _k, nx, _p in around]
 
-        data, ok, pieces = await self._get(span, ino, idx, False, ext, split)
-        if not ok:
+        data, pieces = await self.get_verified(span, ino, idx, check=False, record=ext,
+                                               then=split)
+        if data is None:
             if self._moved(ino, idx, ext):
                 raise _Moved
             self.stats.inc("checksum_errors")
@@ -654,18 +654,13 @@ class Engine:
         self.verified.add(key)
 
     async def get_verified(self, ext: Extent, ino: int = 0, idx: int = 0,
-                           check: bool = True, record: Extent | None = None) -> bytes:
+                           check: bool = True, record: Extent | None = None, then=None):
         """Read an extent's object range and verify its xxh3 (in a worker thread;
         check=False: a span whose pieces the caller verifies). Errors are logged with
         the object and the inode and extent that need it (a pack holds many files:
         only this one gets the EIO). With `record`, a missing or mismatching object
-        of an extent whose record has changed since raises _Moved, unlogged."""
-        return await self._get(ext, ino, idx, check, record, None)
-
-    async def _get(self, ext: Extent, ino: int, idx: int, check: bool,
-                   record: Extent | None, then):
-        """get_verified(); with `then`, what then(bytes) returns, run in the same worker
-        thread right after the GET."""
+        of an extent whose record has changed since raises _Moved, unlogged. With
+        `then`, what then(bytes) returns, run in the same worker thread after the GET."""
         name = object_name(ext.obj_id)
         of = f"inode {ino} extent {idx}"
 
