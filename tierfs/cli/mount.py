@@ -65,8 +65,10 @@ def run_daemon(cfg: MountConfig) -> int:
     """Run the filesystem in this process until it is unmounted."""
     import trio
 
+    from .. import malloc
     from ..runtime import Daemon
 
+    malloc.return_large_blocks()
     ready_fd = int(os.environ.pop(READY_ENV, "-1"))
 
     def report(message: str) -> None:

@@ -47,8 +47,13 @@ WANTED_SPAN_EXTENTS = 1024
 WANTED_GAP = 256 << 10  # dead bytes between two wanted pieces read along, at most
 REFS_CHUNK = 512 << 10  # of a pack's references read at a time while looking for a run
 # Neighbours fetched along (read-around and wanted) and not installed yet, at most: the
-# memory they hold while their GETs run and their installs wait.
-NEIGHBOURS_IN_MEMORY = 64 << 20
+# memory they hold while their GETs run and their installs wait. A cold epoch's hinted
+# GETs run far ahead of the installs; when this is used up, a fetch reads only its own
+# extent, one GET each, which costs more per file than a wide GET.
+NEIGHBOURS_IN_MEMORY = 256 << 20
+# Worker threads installing fetched neighbours at once: the rest of the I/O threads stay
+# free for the extents readers are waiting for.
+AROUND_INSTALL_THREADS = 2
 
 
 class _Moved(Exception):
@@ -97,6 +102,7 @@ class Engine:
         self.s3_limiter = trio.CapacityLimiter(s3_threads)
         self.io_limiter = trio.CapacityLimiter(io_threads)
         self._writeback_limiter = trio.CapacityLimiter(2)
+        self._around_limiter = trio.CapacityLimiter(AROUND_INSTALL_THREADS)
         self.read_around = READ_AROUND  # bytes of a pack fetched around a miss (0: none)
         self._fetching: dict[Key, _Fetch] = {}
         self._neighbour_bytes = 0  # of neighbours fetched along, until installed
@@ -563,9 +569,12 @@ class Engine:
         def split(blob: bytes):
             """Each piece (None: it does not match) verified on its own, in the GET's
             worker thread: a span of up to WANTED_SPAN bytes is too much hashing for
-            the trio thread."""
-            def piece(x: Extent) -> bytes | None:
-                data = blob[x.obj_off - lo:x.obj_off - lo + x.obj_len]
+            the trio thread. Pieces are views of the span, not copies: slicing bytes
+            copies them while holding the GIL, which the trio thread then waits for."""
+            view = memoryview(blob)
+
+            def piece(x: Extent) -> memoryview | None:
+                data = view[x.obj_off - lo:x.obj_off - lo + x.obj_len]
                 return data if object_matches(data, x.obj_len, x.checksum) else None
             return piece(ext), [piece(nx) for _k, nx, _p in around]
 
@@ -604,7 +613,7 @@ class Engine:
             return temps
 
         try:
-            temps = await trio.to_thread.run_sync(write_all, limiter=self.io_limiter)
+            temps = await trio.to_thread.run_sync(write_all, limiter=self._around_limiter)
             self._install_many([(key, nx, tmp, len(piece))
                                 for (key, nx, _p, piece), tmp in zip(more, temps)])
             self.stats.inc("read_around_extents", len(more))

@@ -3,7 +3,10 @@ that sent the hints.
 
 Each fetch also brings the hinted files packed right next to the one it is for (one
 ranged GET of up to 8 MiB instead of one per file), so a random epoch order over
-packed small files costs a few GETs per pack. The number of files fetched at once
+packed small files costs a few GETs per pack. The first HEAD files of a new list (the
+loader's first batch) are fetched at once, each on its own: in a random order they
+lie all over the packs, and wide GETs would bring them only with most of the data
+set, while the loader waits for its first batch. The number of files fetched at once
 adapts: it starts at MIN_DEPTH and grows by one each time the loader has to wait for
 the bucket for a file still in the queue (the prefetch is behind), up to MAX_DEPTH;
 a failing bucket halves it. Named files follow the cache policy (no-replace: only
@@ -23,6 +26,7 @@ log = logging.getLogger(__name__)
 
 MIN_DEPTH = 4
 MAX_DEPTH = 32
+HEAD = 32  # files at the front of a new hint list fetched at once, each on its own
 
 
 class HintQueue:
@@ -31,6 +35,7 @@ class HintQueue:
         self.max_depth = max_depth
         self.depth = min(MIN_DEPTH, max_depth)
         self.queue: collections.deque[int] = collections.deque()
+        self.head: collections.deque[int] = collections.deque()  # fetched at once, alone
         self.pending: collections.Counter[int] = collections.Counter()  # queued or in flight
         self._running = 0
         self._wake = trio.Event()
@@ -40,11 +45,16 @@ class HintQueue:
 
     def add(self, inos: list[int], replace: bool) -> None:
         if replace:
-            for ino in self.queue:
+            for ino in (*self.head, *self.queue):
                 self._forget(ino)
+            self.head.clear()
             self.queue.clear()
-        self.queue.extend(inos)
         self.pending.update(inos)
+        if not self.queue and not self.head:  # a new list: its first batch comes first
+            self.head.extend(inos[:HEAD])
+            inos = inos[HEAD:]
+            self._room.set()
+        self.queue.extend(inos)
         self._wake.set()
 
     def wanted(self, ino: int) -> bool:
@@ -65,6 +75,10 @@ class HintQueue:
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
             while True:
+                while self.head:
+                    ino = self.head.popleft()
+                    self._running += 1
+                    nursery.start_soon(self._one, ino, True)
                 if not self.queue:
                     self._wake = trio.Event()
                     await self._wake.wait()
@@ -88,10 +102,10 @@ class HintQueue:
         except TierfsError:
             return True  # gone: nothing to fetch
 
-    async def _one(self, ino: int) -> None:
+    async def _one(self, ino: int, alone: bool = False) -> None:
         try:
             await actions.prefetch(self.engine, ino, parallel=1, for_write=False,
-                                   wanted=self.wanted)
+                                   wanted=None if alone else self.wanted)
             self.done += 1
             self.engine.stats.inc("hinted_files")
         except TierfsError as e:
