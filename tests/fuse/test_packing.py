@@ -10,7 +10,7 @@ import os
 import pytest
 
 from tests.fuse.test_outage import set_faults
-from tests.fuse.test_tiering import pattern
+from tests.fuse.test_tiering import pattern, status
 from tests.harness import drop_page_cache, read_file, wait_until, write_file
 from tierfs.config import format_size
 from tierfs.meta import MetaStore, scan
@@ -81,6 +81,7 @@ def test_reading_around_a_miss_never_evicts(mount_factory):
     after = counters(m)
     assert after["cold_reads"] - before.get("cold_reads", 0) == 1
     assert after.get("read_around_extents", 0) == before.get("read_around_extents", 0)
+    wait_until(lambda: status(m)["fetches_in_flight"] == 0, 30, "the fetched extent's install")
     hot = json.loads(m.cli("status", m.path("big"), "--json", check=True).stdout)["file"]["hot"]
     assert hot >= len(big) - 64 * KiB  # at most the one extent that made room went
 

@@ -79,8 +79,11 @@ def test_write_sync_release_read_back(s3m):
     assert {e["where"] for e in st["extents"]} == {"cold"}
     drop_page_cache(m.mountpoint)
     assert read_file(m.path("f")) == data
-    state = json.loads(os.getxattr(m.path("f"), "user.tierfs.state"))
-    assert state["hot"] == len(data) and state["cold"] == 0
+
+    def hot_again() -> bool:  # a read's extents are installed right after it has them
+        state = json.loads(os.getxattr(m.path("f"), "user.tierfs.state"))
+        return state["hot"] == len(data) and state["cold"] == 0
+    wait_until(hot_again, 30, "the extents read to be hot again")
 
 
 def test_small_hot_tier_holds_much_more_data(s3m):
@@ -317,10 +320,12 @@ def test_no_replace_policy_keeps_first_fill(s3m):
     write_file(m.path("f"), data)
     make_cold(m, m.path("f"))
     assert read_file(m.path("f")) == data
+    wait_until(lambda: status(m)["fetches_in_flight"] == 0, 30, "the fetched extents' installs")
     first = {e["index"] for e in status(m, m.path("f"))["file"]["extents"] if e["where"] != "cold"}
     assert 0 < len(first) <= 8
     drop_page_cache(m.mountpoint)
     assert read_file(m.path("f")) == data
+    wait_until(lambda: status(m)["fetches_in_flight"] == 0, 30, "the fetched extents' installs")
     again = {e["index"] for e in status(m, m.path("f"))["file"]["extents"] if e["where"] != "cold"}
     assert again == first
     assert status(m)["counters"]["fetch_not_cached"] > 0

@@ -225,6 +225,8 @@ class Control:
             "upload_error": d.uploader.last_error,
             "hot_bytes": index.total, "dirty_bytes": index.dirty_bytes,
             "hot_extents": len(index.sizes), "dirty_extents": len(index.dirty),
+            # Fetched extents are installed after their reader has the bytes.
+            "fetches_in_flight": self.engine.fetches_in_flight,
             "pinned_bytes": sum(index.sizes.get(k, 0) for k in index.pinned),
             "cache_limit": d.space.high, "cache_policy": d.space.policy,
             # Where the limit comes from (flag, or the disk's share), when Space says.

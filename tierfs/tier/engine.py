@@ -124,6 +124,11 @@ class Engine:
         # ino -> [next offset, window, extent being read, last extent already read ahead]
         self._streams: dict[int, list[int]] = {}
 
+    @property
+    def fetches_in_flight(self) -> int:
+        """Extents on their way from the bucket, their installs included."""
+        return len(self._fetching)
+
     # ---- startup ----------------------------------------------------------------
     def load_index(self) -> list[str]:
         """Rebuild the in-memory hot index from metadata and the hot directory.
@@ -404,28 +409,54 @@ class Engine:
         try:
             data, more = await self._get_around(ext, ino, idx, around)
             pending.data = data
-            # Its readers wait for the install, as its own reader does (a read of it
-            # leaves it hot); only neighbours' readers take their bytes before.
+            if bytes_only and not for_write and self.nursery is not None:
+                # A reader has what it needs once the bytes are verified: the install
+                # of its extent follows in the background (then its neighbours'), so a
+                # reader never waits behind the installs of other extents.
+                pending.ready.set()
+                try:
+                    self.nursery.start_soon(self._install_fetched, ino, idx, ext, pending,
+                                            around, more)
+                    around = more = None  # the task settles them
+                    return data
+                except RuntimeError:  # the background nursery is closing
+                    pass
             await self._keep(ino, idx, ext, data, for_write)
             return data
         finally:
-            if self._fetching.get(key) is pending:
-                del self._fetching[key]
-            pending.finish()
-            installing = {nkey for nkey, _nx, _p, _piece in more}
-            for nkey, nx, npending in around:  # neighbours that did not verify
-                if nkey not in installing:
-                    if self._fetching.get(nkey) is npending:
-                        del self._fetching[nkey]
-                    npending.finish()
-                    self._neighbour_bytes -= nx.obj_len
-                    if self.space is not None:
-                        self.space.release(nx.obj_len)
-            if more:  # their readers have the bytes already: install after this reader's
-                try:
-                    self.nursery.start_soon(self._install_around, more)
-                except (AttributeError, RuntimeError):  # no background tasks (any more)
-                    await self._install_around(more)
+            if around is not None:
+                await self._settle((ino, idx), pending, around, more)
+
+    async def _install_fetched(self, ino: int, idx: int, ext: Extent, pending: _Fetch,
+                               around: list, more: list) -> None:
+        """Install an extent whose reader already has its bytes, in the background."""
+        try:
+            await self._keep(ino, idx, ext, pending.data, False)
+        except Exception as e:  # it stays cold: the next read fetches it again
+            log.warning("installing inode %d extent %d after its read failed: %s", ino, idx, e)
+        finally:
+            await self._settle((ino, idx), pending, around, more)
+
+    async def _settle(self, key: Key, pending: _Fetch, around: list, more: list) -> None:
+        """A fetch is over: its readers and writers may go on, the neighbours that did
+        not verify are let go, and those that did are installed."""
+        if self._fetching.get(key) is pending:
+            del self._fetching[key]
+        pending.finish()
+        installing = {nkey for nkey, _nx, _p, _piece in more}
+        for nkey, nx, npending in around:  # neighbours that did not verify
+            if nkey not in installing:
+                if self._fetching.get(nkey) is npending:
+                    del self._fetching[nkey]
+                npending.finish()
+                self._neighbour_bytes -= nx.obj_len
+                if self.space is not None:
+                    self.space.release(nx.obj_len)
+        if more:  # their readers have the bytes already: install after this reader's
+            try:
+                self.nursery.start_soon(self._install_around, more)
+            except (AttributeError, RuntimeError):  # no background tasks (any more)
+                await self._install_around(more)
 
     def _moved(self, ino: int, idx: int, ext: Extent) -> bool:
         """Whether the extent's record is no longer `ext` (rewritten, compacted...)."""
