@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 BUFFER_SIZE = 128 * 1024   # as open() on the mount buffers (the mount's st_blksize)
 MAX_PATHS = 256            # per request, as the daemon takes them
 RANGE = 64                 # extents the daemon hands out per file and request
+SKIP_AHEAD = 64 << 10      # a forward gap up to this between two reads is still sequential
 NEGATIVE_TTL = 30.0        # seconds a "not a tierfs mount" or "use the mount" answer is kept
 _ANC_SPACE = socket.CMSG_SPACE(253 * array.array("i").itemsize)  # the kernel's SCM_MAX_FD
 _ZEROS = bytes(1 << 20)
@@ -401,7 +402,9 @@ class DirectFile(Positioned):
         (_advise), its first one included."""
         first, idx = start // self._E, (end - 1) // self._E
         lo = first if idx > first else first + 1
-        sequential = start == self._next_pos
+        # A short skip forward is still a stream: torch.load's zip reader steps over
+        # each record's header so, and the readahead under way covers the gap.
+        sequential = self._next_pos <= start <= self._next_pos + SKIP_AHEAD
         self._next_pos = end
         if not sequential:  # a seek: nothing ahead, but one large read gets all it covers
             self._advise(lo, min(idx, self._hi))
