@@ -50,7 +50,7 @@ REFS_CHUNK = 512 << 10  # of a pack's references read at a time while looking fo
 # memory they hold while their GETs run and their installs wait. A cold epoch's hinted
 # GETs run far ahead of the installs; when this is used up, a fetch reads only its own
 # extent, one GET each, which costs more per file than a wide GET.
-NEIGHBOURS_IN_MEMORY = 256 << 20
+NEIGHBOURS_IN_MEMORY = 128 << 20
 # Worker threads installing fetched neighbours at once: the rest of the I/O threads stay
 # free for the extents readers are waiting for.
 AROUND_INSTALL_THREADS = 2
