@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import uuid
 
 import pytest
@@ -12,6 +13,9 @@ from tests.harness import (SESSION_ENV, Mount, _gone, mounts, stop_daemon, sweep
 from tierfs.mountpoint import unmount_lazy
 from tests.moto_server import make_bucket, moto_server, s3_env
 from tests.pg_server import pg_server
+from tests.watchdog import Watchdog
+
+_watchdog: Watchdog | None = None
 
 
 def pytest_configure(config):
@@ -24,6 +28,34 @@ def pytest_configure(config):
         signal.signal(signal.SIGTERM, stop)
     for what in sweep_dead_sessions():
         print(f"tests: stopped {what}, left behind by an earlier run that was killed")
+    global _watchdog
+    capture = config.pluginmanager.getplugin("capturemanager")
+
+    def say(text: str) -> None:
+        if capture is not None:
+            capture.suspend_global_capture()  # the last words must reach the terminal
+        print(f"\n{text}", file=sys.stderr, flush=True)
+
+    _watchdog = Watchdog(say)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Setup, call and teardown of each test together run within the watchdog's limit."""
+    _watchdog.arm(item.nodeid)
+    try:
+        yield
+    finally:
+        _watchdog.disarm()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    found = _watchdog.take_report(item.nodeid)
+    if found:  # the phase in which the test ran past its limit fails, whatever it did
+        report.outcome = "failed"
+        report.longrepr = f"{found}\n\n{report.longrepr or ''}"
 
 
 def pytest_sessionfinish(session, exitstatus):

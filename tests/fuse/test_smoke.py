@@ -1,6 +1,9 @@
 import concurrent.futures
 import json
 import os
+import signal
+
+from tests.harness import wait_until
 
 
 def test_write_read_remount(mnt):
@@ -29,3 +32,16 @@ def test_parallel_requests_are_taken_from_the_queue(mnt):
     status = mnt.cli("status", mnt.mountpoint, "--json", check=True)
     counters = json.loads(status.stdout)["counters"]
     assert counters.get("fuse_requests_queued", 0) > 0
+
+
+def test_sigusr1_writes_every_daemon_thread_stack_to_the_log(mnt):
+    """What a stuck daemon waits for can be seen without stopping it."""
+    with open(mnt.path("before"), "wb") as f:
+        f.write(b"x")
+    os.kill(mnt.pid, signal.SIGUSR1)
+    wait_until(lambda: "most recent call first" in mnt.log(), 30, "the stacks in the log")
+    assert "in run_daemon" in mnt.log()  # the main thread's frames, not just the handler's
+    with open(mnt.path("after"), "wb") as f:  # the daemon goes on serving
+        f.write(b"y")
+    assert open(mnt.path("before"), "rb").read() == b"x"
+    assert mnt.unexpected_log_lines() == []

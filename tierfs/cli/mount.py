@@ -1,9 +1,11 @@
 """`tierfs mount` and `tierfs umount`."""
 from __future__ import annotations
 
+import faulthandler
 import logging
 import logging.handlers
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -59,6 +61,10 @@ class DaemonLog:
         root.removeHandler(self._held)
         root.addHandler(fh)
         self.attached = True
+        # `kill -USR1 PID` appends every thread's stack to the log: what a hung daemon
+        # is waiting for, without stopping it.
+        self._stacks = open(self.path, "a")
+        faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True)
 
 
 def run_daemon(cfg: MountConfig) -> int:
