@@ -32,25 +32,34 @@ def daemon_info(path: str) -> dict:
     return json.loads(raw)
 
 
-def request(path: str, cmd: str, **args):
-    """Send one command; yield every reply line (progress lines, then the final one)."""
-    info = daemon_info(path)
+def request(path: str, cmd: str, *, daemon: dict | None = None, wait_s: float | None = None,
+            **args):
+    """Send one command; yield every reply line (progress lines, then the final one).
+    `daemon`: daemon_info(path) when the caller has it already; `wait_s`: how long to
+    wait for each reply line (None: as long as the command runs)."""
+    info = daemon or daemon_info(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(wait_s)
     try:
         sock.connect(info["socket"])
     except OSError as e:
-        raise UserError(f"cannot reach the tierfs daemon at {info['socket']}: {e.strerror}") from None
+        raise UserError(f"cannot reach the tierfs daemon at {info['socket']}: "
+                        f"{e.strerror or e}") from None
     with sock, sock.makefile("rb") as f:
         sock.sendall(json.dumps({"cmd": cmd, **args}).encode() + b"\n")
         for line in f:
             yield json.loads(line)
 
 
-def call(path: str, cmd: str, **args) -> dict:
+def call(path: str, cmd: str, *, daemon: dict | None = None, wait_s: float | None = None,
+         **args) -> dict:
     """Send one command and return its final reply; errors become UserError."""
     last = None
-    for last in request(path, cmd, **args):
-        pass
+    try:
+        for last in request(path, cmd, daemon=daemon, wait_s=wait_s, **args):
+            pass
+    except TimeoutError:
+        raise UserError(f"the tierfs daemon did not answer {cmd} within {wait_s:g} s") from None
     if last is None:
         raise UserError("the tierfs daemon closed the connection without answering")
     if not last.get("ok"):

@@ -8,11 +8,13 @@ import os
 import random
 import subprocess
 import sys
+import threading
 import urllib.request
 
 import pytest
 
 import tierfs
+import tierfs.hints
 from tierfs.tier.hinted import HEAD, MAX_DEPTH
 from tests.fuse.test_tiering import make_cold, pattern, status
 from tests.harness import drop_page_cache, read_file, wait_until, write_file
@@ -93,7 +95,7 @@ def file_is_hot(path: str) -> bool:
     return state["hot"] == state["size"] > 0
 
 
-def test_hint_prefetches_in_order(mount_factory, tmp_path):
+def test_hint_prefetches_in_order(mount_factory, tmp_path, monkeypatch):
     """Hinted files are taken from a FIFO queue in the hinted order, HINT_WINDOW
     at a time: a file's prefetch starts only after every file hinted before it
     has started, and only once at most HINT_WINDOW - 1 of those are unfinished.
@@ -121,7 +123,18 @@ def test_hint_prefetches_in_order(mount_factory, tmp_path):
     # so that the polls below see it half done; the pass/fail check does not
     # depend on that timing, only on what each poll sees.
     faults.write_text(json.dumps({"latency_s": 0.1}))
-    assert tierfs.hint(hinted) == n_hinted
+    # Sent as a long list is: in several requests, which the daemon queues as one list.
+    monkeypatch.setattr(tierfs.hints, "PATHS_PER_REQUEST", 40)
+    requests = []
+    real_call = tierfs.hints.call
+
+    def counted(*args, **kw):
+        requests.append((len(kw["paths"]), kw["replace"]))
+        return real_call(*args, **kw)
+
+    monkeypatch.setattr(tierfs.hints, "call", counted)
+    assert tierfs.hint(hinted, replace=True) == n_hinted
+    assert requests == [(40, True), (40, False), (40, False), (40, False)]
     snapshots = []
 
     def poll() -> bool:
@@ -259,6 +272,54 @@ def test_hinting_sampler_sends_each_epoch(mount_factory):
         assert hinted_files() == 12 * epoch
         assert status(m)["hot_extents"] == 12
         assert all(file_is_hot(p) for p in names)
+
+
+def test_hinting_sampler_never_interleaves_two_epochs(mount_factory, monkeypatch):
+    """An epoch that begins while the last one's list is still being sent (a list
+    of many requests) stops that list: the daemon never gets the two mixed."""
+    m = mount_factory()
+    names = [m.path(f"s{i:02d}") for i in range(30)]
+    for i, name in enumerate(names):
+        write_file(name, pattern(1000, i))
+    monkeypatch.setattr(tierfs.hints, "PATHS_PER_REQUEST", 10)
+    sent = []
+    first_sent, go_on = threading.Event(), threading.Event()
+    real_call = tierfs.hints.call
+
+    def held_after_the_first(*args, **kw):
+        sent.append((kw["paths"], kw["replace"]))
+        result = real_call(*args, **kw)
+        if len(sent) == 1:
+            first_sent.set()
+            go_on.wait(60)
+        return result
+
+    monkeypatch.setattr(tierfs.hints, "call", held_after_the_first)
+
+    class Epochs:  # 0..29, then 29..0
+        epoch = 0
+
+        def __iter__(self):
+            self.epoch += 1
+            return iter(range(30) if self.epoch == 1 else range(29, -1, -1))
+
+        def __len__(self):
+            return 30
+
+    sampler = tierfs.HintingSampler(Epochs(), names)
+    assert list(sampler) == list(range(30))
+    assert first_sent.wait(60), "the first epoch's list never went out"
+    assert list(sampler) == list(range(29, -1, -1))  # while the first is half sent
+    go_on.set()
+    wait_until(lambda: len(sent) >= 4, 60, "the second epoch's list to be sent")
+    rel = [os.path.basename(n) for n in names]
+    second = rel[::-1]
+    assert sent == [(rel[:10], True), (second[:10], True), (second[10:20], False),
+                    (second[20:], False)]
+    # The daemon took both lists in (10 files of the first, all 30 of the second).
+    wait_until(lambda: status(m)["counters"].get("hinted_files", 0) >= 40, 30,
+               "the hinted files to be worked through")
+    assert status(m)["counters"]["hinted_files"] == 40
 
 
 def test_mount_helper_translates_fstab_options(mount_factory):

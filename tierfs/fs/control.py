@@ -20,9 +20,9 @@ import trio
 from ..errors import ColdStoreError, FsError, TierfsError
 from ..fs.direct import DirectOpen
 from ..fs.direct_write import DirectWrite
+from ..fs.resolve import resolve_in_passes
 from ..fs.ops import CONTROL_XATTR, STATE_XATTR
 from ..meta import scan
-from ..meta.schema import ROOT_INO
 from ..tier import actions
 from ..tier.checkpoint import Fenced
 
@@ -402,32 +402,13 @@ class Control:
             pass  # the client went away; the prefetch goes on to its end
 
     async def cmd_hint(self, req, reply):
-        inos, unknown = [], 0
         paths = req.get("paths", [])
-        if self.view is None:
-            found = [self.resolve(rel) for rel in paths]
-        else:
-            found = await self.view.call(lambda: [self.resolve(rel) for rel in paths])
-        for ino in found:
-            if ino is None:
-                unknown += 1
-            else:
-                inos.append(ino)
+        found = await resolve_in_passes(self.ns, paths,
+                                        call=self.view.call if self.view else None)
+        inos = [ino for ino in found if ino is not None]
         await self.pull(inos)
         self.daemon.hints.add(inos, bool(req.get("replace")))
-        return {"queued": len(inos), "unknown": unknown}
-
-    def resolve(self, rel: str) -> int | None:
-        """Inode of a path relative to the mount root (no symlinks followed)."""
-        ino = ROOT_INO
-        for part in rel.split("/"):
-            if part in ("", "."):
-                continue
-            try:
-                ino = self.ns.lookup(ino, part.encode())
-            except FsError:
-                return None
-        return ino
+        return {"queued": len(inos), "unknown": len(found) - len(inos)}
 
     async def cmd_scrub(self, req, reply):
         await self.pull([int(req["ino"])])
@@ -460,17 +441,23 @@ class Control:
         conn: dict = {}
         try:
             async with stream:
-                buf = b""
+                buf = bytearray()
                 while True:
-                    while b"\n" not in buf:
+                    # A hint list's request runs to megabytes: look for the end of the
+                    # line only in what each read adds.
+                    end = buf.find(b"\n")
+                    while end < 0:
                         if len(buf) > MAX_REQUEST:
                             await Reply(stream)({"ok": False, "error": "request too long"})
                             return
                         chunk = await stream.receive_some(65536)
                         if not chunk:
                             return
+                        searched = len(buf)
                         buf += chunk
-                    line, buf = buf.split(b"\n", 1)
+                        end = buf.find(b"\n", searched)
+                    line = bytes(buf[:end])
+                    del buf[:end + 1]
                     req = json.loads(line)
                     reply = Reply(stream, conn)
                     cmd = req.get("cmd")

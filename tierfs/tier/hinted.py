@@ -11,6 +11,10 @@ adapts: it starts at MIN_DEPTH and grows by one each time the loader has to wait
 the bucket for a file still in the queue (the prefetch is behind), up to MAX_DEPTH;
 a failing bucket halves it. Named files follow the cache policy (no-replace: only
 while there is room); the neighbours read along only fill free room.
+
+A list may hold a million files: replacing it costs the same whatever its length
+(queued files are counted apart from those in flight), and a run of files already
+hot is skipped SKIPS_PER_PASS at a time, with the event loop free in between.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ log = logging.getLogger(__name__)
 MIN_DEPTH = 4
 MAX_DEPTH = 32
 HEAD = 32  # files at the front of a new hint list fetched at once, each on its own
+SKIPS_PER_PASS = 256  # hot files skipped between two checkpoints
 
 
 class HintQueue:
@@ -36,7 +41,8 @@ class HintQueue:
         self.depth = min(MIN_DEPTH, max_depth)
         self.queue: collections.deque[int] = collections.deque()
         self.head: collections.deque[int] = collections.deque()  # fetched at once, alone
-        self.pending: collections.Counter[int] = collections.Counter()  # queued or in flight
+        self.queued: collections.Counter[int] = collections.Counter()  # in head or queue
+        self.in_flight: collections.Counter[int] = collections.Counter()
         self._running = 0
         self._wake = trio.Event()
         self._room = trio.Event()
@@ -44,13 +50,15 @@ class HintQueue:
         engine.on_miss = self.loader_waited
 
     def add(self, inos: list[int], replace: bool) -> None:
+        # A new list: its first batch comes first. A list sent in several requests
+        # goes on with its second (replace=False) while its first is in flight.
+        new_list = replace or not (self.queued or self.in_flight)
         if replace:
-            for ino in (*self.head, *self.queue):
-                self._forget(ino)
             self.head.clear()
             self.queue.clear()
-        self.pending.update(inos)
-        if not self.queue and not self.head:  # a new list: its first batch comes first
+            self.queued = collections.Counter()
+        self.queued.update(inos)
+        if new_list:
             self.head.extend(inos[:HEAD])
             inos = inos[HEAD:]
             self._room.set()
@@ -58,26 +66,34 @@ class HintQueue:
         self._wake.set()
 
     def wanted(self, ino: int) -> bool:
-        return ino in self.pending
+        return ino in self.queued or ino in self.in_flight
 
     def loader_waited(self, ino: int) -> None:
         """A read missed the hot tier: if its file is still hinted, prefetch is behind."""
-        if ino in self.pending and self.depth < self.max_depth:
+        if self.wanted(ino) and self.depth < self.max_depth:
             self.depth += 1
             self.engine.stats.inc("hint_depth_raised")
             self._room.set()
 
-    def _forget(self, ino: int) -> None:
-        self.pending[ino] -= 1
-        if self.pending[ino] <= 0:
-            del self.pending[ino]
+    @staticmethod
+    def _drop(counter: collections.Counter, ino: int) -> None:
+        counter[ino] -= 1
+        if counter[ino] <= 0:
+            del counter[ino]
+
+    def _take(self, ino: int) -> None:
+        """A file leaves the queue for a fetch of its own."""
+        self._drop(self.queued, ino)
+        self.in_flight[ino] += 1
+        self._running += 1
 
     async def run(self) -> None:
+        skipped = 0
         async with trio.open_nursery() as nursery:
             while True:
                 while self.head:
                     ino = self.head.popleft()
-                    self._running += 1
+                    self._take(ino)
                     nursery.start_soon(self._one, ino, True)
                 if not self.queue:
                     self._wake = trio.Event()
@@ -89,11 +105,14 @@ class HintQueue:
                     continue
                 ino = self.queue.popleft()
                 if self._all_hot(ino):  # fetched along with a neighbour meanwhile
-                    self._forget(ino)
+                    self._drop(self.queued, ino)
                     self.done += 1
                     self.engine.stats.inc("hinted_files")
+                    skipped += 1
+                    if skipped % SKIPS_PER_PASS == 0:
+                        await trio.lowlevel.checkpoint()
                     continue
-                self._running += 1
+                self._take(ino)
                 nursery.start_soon(self._one, ino)
 
     def _all_hot(self, ino: int) -> bool:
@@ -116,6 +135,6 @@ class HintQueue:
             self.engine.stats.inc("hinted_failed")
             log.exception("hinted prefetch of inode %d failed", ino)
         finally:
-            self._forget(ino)
+            self._drop(self.in_flight, ino)
             self._running -= 1
             self._room.set()

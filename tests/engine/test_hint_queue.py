@@ -1,0 +1,81 @@
+"""The hint queue (tierfs/tier/hinted.py) over the real engine: a replaced list is
+dropped at once, and a long run of files already hot leaves the event loop free
+between passes."""
+from __future__ import annotations
+
+import collections
+
+import trio
+
+from tierfs.tier.hinted import HEAD, SKIPS_PER_PASS, HintQueue
+
+from .harness import KiB, engine_stack, run, until
+
+E = 64 * KiB
+
+
+def _stack(tmp_path):
+    # Uploads held off: every written file stays hot (and dirty) for the whole test.
+    return engine_stack(tmp_path, extent_size=E, cache_size=1 << 30, upload_delay=3600,
+                        checkpoint_every=0)
+
+
+async def _hot_files(s, n: int) -> list[int]:
+    inos = []
+    for _ in range(n):
+        ino = s.create()
+        await s.engine.write(ino, 0, b"x")
+        inos.append(ino)
+    return inos
+
+
+class TaskSteps(trio.abc.Instrument):
+    """How many times each task ran: a task that never yields runs once."""
+
+    def __init__(self):
+        self.steps = collections.Counter()
+
+    def before_task_step(self, task):
+        self.steps[task.name] += 1
+
+
+def test_a_replaced_list_is_no_longer_wanted_and_the_new_one_is(tmp_path):
+    async def scenario():
+        async with _stack(tmp_path) as s:
+            old, new = await _hot_files(s, 60), await _hot_files(s, 50)
+            q = HintQueue(s.engine)  # not running: the lists stay queued
+            q.add(old, replace=True)
+            # The rest of a list sent in several requests: appended, not a new head.
+            q.add(old[:5], replace=False)
+            assert list(q.head) == old[:HEAD] and list(q.queue) == old[HEAD:] + old[:5]
+            assert all(q.wanted(ino) for ino in old) and q.queued[old[0]] == 2
+            q.add(new, replace=True)
+            assert not any(q.wanted(ino) for ino in old)
+            assert all(q.wanted(ino) for ino in new)
+            assert list(q.head) == new[:HEAD] and list(q.queue) == new[HEAD:]
+            depth = q.depth
+            q.loader_waited(old[0])  # a miss of a file no longer hinted: not behind
+            assert q.depth == depth
+            q.loader_waited(new[-1])  # a miss of a file still queued: behind
+            assert q.depth == depth + 1
+    run(scenario)
+
+
+def test_a_long_list_of_hot_files_is_skipped_with_the_loop_free_between_passes(tmp_path):
+    passes = 10
+    steps = TaskSteps()
+
+    async def scenario():
+        trio.lowlevel.add_instrument(steps)
+        async with _stack(tmp_path) as s:
+            inos = await _hot_files(s, HEAD + passes * SKIPS_PER_PASS)
+            q = HintQueue(s.engine)
+            s.nursery.start_soon(q.run, name="hints")
+            q.add(inos, replace=True)
+            await until(lambda: q.done == len(inos), 30, "every hinted file counted done")
+            assert not q.queued and not q.in_flight
+            assert s.engine.stats.snapshot().get("hinted_files") == len(inos)
+    run(scenario, timeout=60)
+    # Skipping is a pass of SKIPS_PER_PASS files at a time: any other request of the
+    # mount waits for one pass at most, not for the whole list.
+    assert steps.steps["hints"] >= passes
