@@ -7,8 +7,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
+# Two test processes (pytest-xdist): most of a mounted test is waiting (on the daemon,
+# the bucket, an upload delay), so two of them share two cores well. TIERFS_TEST_WORKERS
+# sets another number; 0 runs everything in this one process.
+workers=${TIERFS_TEST_WORKERS:-2}
+parallel=()
+[ "$workers" != 0 ] && parallel=(-n "$workers")
 set +e
-.venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q "${parallel[@]}" "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

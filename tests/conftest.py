@@ -67,24 +67,29 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 @pytest.fixture(autouse=True)
-def no_leftover_mounts(request):
+def no_leftover_mounts(request, tmp_path_factory):
     """Every test ends with the mounts and daemons it started gone, also when it
-    failed: what is left is stopped here, and the test fails for leaving it."""
+    failed: what is left is stopped here, and the test fails for leaving it.
+    Mounts of other processes (another test worker, a benchmark) are not ours:
+    a mount is ours if one of our daemons serves it or it lies in our temp dir."""
     if "tests/fuse/" not in str(request.node.fspath):
         yield  # the other levels mount nothing
         return
+    ours = str(tmp_path_factory.getbasetemp()) + "/"
     before_mounts = {p for p, kind in mounts().items() if kind == "fuse.tierfs"}
     before_daemons = set(tierfs_daemons())
     yield
-    left_mounts = [p for p, kind in mounts().items()
-                   if kind == "fuse.tierfs" and p not in before_mounts]
     daemons = {pid: d for pid, d in tierfs_daemons().items()
                if pid not in before_daemons and d[1] == os.getpid()}
+    served = {d[0] for d in daemons.values()}
+    left_mounts = [p for p, kind in mounts().items()
+                   if kind == "fuse.tierfs" and p not in before_mounts
+                   and (p in served or p.startswith(ours))]
     for path in left_mounts:
         for pid in [pid for pid, d in daemons.items() if d[0] == path]:
             stop_daemon(pid, path)
             del daemons[pid]
-        unmount_lazy(path)  # also one whose daemon is not ours to see (a mount helper's)
+        unmount_lazy(path)  # also one whose daemon died
     # An unmounted daemon may still be finishing its exit: give it time first.
     lingering = []
     for pid, (mountpoint, _owner) in daemons.items():
