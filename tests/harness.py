@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+from tierfs import registry
 from tierfs.client import daemon_info
 from tierfs.mountpoint import mounts, unmount_lazy
 
@@ -68,8 +69,12 @@ class Mount:
         self.pid = None
 
     def kill9(self) -> None:
+        """The daemon dies as by the OOM killer. Its main thread is waited for, not
+        every thread: one stuck in the kernel may outlive it, which a later mount
+        or umount must cope with."""
         os.kill(self.pid, signal.SIGKILL)
-        _wait_gone(self.pid)
+        wait_until(lambda: registry.exited(self.pid) or _main_thread_exited(self.pid), 30,
+                   f"daemon pid {self.pid} to die")
         self.pid = None
 
     def remount(self, *extra) -> None:
@@ -119,8 +124,18 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.02):
         time.sleep(interval)
 
 
+def _main_thread_exited(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
 def _gone(pid: int) -> bool:
-    """Whether the process has exited (a zombie counts: it runs no more)."""
+    """Whether the process has exited: every one of its threads (a zombie leader
+    counts as exited, but not while another thread still runs: a thread stuck in
+    the kernel keeps the process's files open, /dev/fuse included)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -129,15 +144,42 @@ def _gone(pid: int) -> bool:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         pass
+    return registry.exited(pid)
+
+
+def kernel_view(pid: int) -> str:
+    """State, wait channel and kernel stack of each thread of a process: a thread in
+    a FUSE request waits in request_wait_answer."""
+    lines = []
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] == "Z"
+        tids = sorted(os.listdir(f"/proc/{pid}/task"), key=int)
     except OSError:
-        return True
+        return f"  (process {pid} is gone)"
+    for tid in tids:
+        task = f"/proc/{pid}/task/{tid}"
+        parts = []
+        for name in ("comm", "wchan", "stack"):
+            try:
+                with open(f"{task}/{name}") as f:
+                    parts.append(f.read().strip())
+            except OSError:
+                parts.append("?")
+        try:
+            with open(f"{task}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            state = "?"
+        comm, wchan, stack = parts
+        lines.append(f"  thread {tid} ({comm}) state {state} wchan {wchan}")
+        lines += [f"      {frame}" for frame in stack.splitlines()]
+    return "\n".join(lines)
 
 
 def _wait_gone(pid: int, timeout: float = 30) -> None:
-    wait_until(lambda: _gone(pid), timeout, f"daemon pid {pid} to exit")
+    try:
+        wait_until(lambda: _gone(pid), timeout, f"daemon pid {pid} to exit")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; its threads:\n{kernel_view(pid)}") from None
 
 
 def tierfs_daemons() -> dict[int, tuple[str | None, int | None]]:

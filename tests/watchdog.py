@@ -4,7 +4,8 @@ instead of stalling the whole run until CI gives up on it.
 
 When a test passes its limit:
 1. this process's stacks and those of the daemons it started (SIGUSR1 makes a daemon
-   append them to its log) are kept for the test's report;
+   append them to its log), what each of their threads waits for in the kernel, and
+   which processes hold /dev/fuse open are kept for the test's report;
 2. those daemons are killed: every request blocked on their mounts then fails with
    ENOTCONN, so the test fails and the run goes on;
 3. a test still running GRACE_S later is interrupted like Ctrl-C (the run ends with
@@ -20,7 +21,7 @@ import threading
 import time
 import _thread
 
-from tests.harness import tierfs_daemons
+from tests.harness import kernel_view, tierfs_daemons
 
 LIMIT_S = float(os.environ.get("TIERFS_TEST_LIMIT_S", "300"))
 GRACE_S = 60
@@ -37,6 +38,41 @@ def _daemon_log(pid: int) -> str | None:
     except OSError:
         pass
     return None
+
+
+def _stderr_file(pid: int) -> str | None:
+    """A daemon's stderr when it is a file (a daemon spawned by `tierfs mount` writes
+    there until its log is open, its stacks included)."""
+    path = f"/proc/{pid}/fd/2"
+    try:
+        return path if os.path.isfile(path) else None
+    except OSError:
+        return None
+
+
+def _fuse_holders() -> str:
+    """Every process with /dev/fuse open: one that outlives its daemon keeps the
+    dead daemon's mount waiting instead of failing with ENOTCONN. Threads are looked
+    at one by one: a killed daemon whose leader is a zombie holds its files in a
+    thread that has not exited."""
+    lines = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            held = set()
+            for tid in os.listdir(f"/proc/{entry}/task"):
+                fds = f"/proc/{entry}/task/{tid}/fd"
+                held |= {fd for fd in os.listdir(fds)
+                         if os.readlink(f"{fds}/{fd}") == "/dev/fuse"}
+            if held:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")[:200]
+                lines.append(f"  pid {entry} ({len(held)} fd): {cmd or '(exited: a zombie)'}")
+                lines.append(kernel_view(int(entry)))
+        except OSError:
+            continue
+    return "\n".join(lines) or "  (none)"
 
 
 def _log_size(path: str | None) -> int:
@@ -93,14 +129,19 @@ class Watchdog:
         parts = [f"{nodeid} ran past its limit of {self.limit_s:g} s "
                  f"(TIERFS_TEST_LIMIT_S); its daemons were killed to end it.",
                  "", "stacks of the test process:", _own_stacks()]
-        daemons = {pid: _daemon_log(pid) for pid, (_mp, owner) in tierfs_daemons().items()
-                   if owner == os.getpid()}
+        parts += ["", "the test process in the kernel:", kernel_view(os.getpid())]
+        daemons = {pid: _daemon_log(pid) or _stderr_file(pid)
+                   for pid, (_mp, owner) in tierfs_daemons().items() if owner == os.getpid()}
         sizes = {pid: _log_size(path) for pid, path in daemons.items()}
         for pid in daemons:
             _signal(pid, signal.SIGUSR1)
         time.sleep(STACKS_WAIT_S)
         for pid, path in daemons.items():
-            parts += ["", f"daemon {pid} (log {path}), its stacks:", _read_from(path, sizes[pid])]
+            parts += ["", f"daemon {pid} (output {path}), its stacks:",
+                      _read_from(path, sizes[pid]), f"daemon {pid} in the kernel:",
+                      kernel_view(pid)]
+        parts += ["", "processes with /dev/fuse open:", _fuse_holders()]
+        for pid in daemons:
             _signal(pid, signal.SIGKILL)
         report = "\n".join(parts)
         with self._lock:

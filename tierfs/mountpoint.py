@@ -5,11 +5,17 @@ import errno
 import os
 import shutil
 import subprocess
+import threading
+import time
 
+from . import registry
 from .errors import UserError
 
 # What a mount whose daemon died answers (kernels differ).
 DEAD_MOUNT = (errno.ENOTCONN, errno.ECONNABORTED)
+# How long a FUSE mount gets to answer statfs before it is taken to hang.
+ANSWER_WAIT_S = 5.0
+FUSECTL = "/sys/fs/fuse/connections"
 
 
 def mounts() -> dict[str, str]:
@@ -38,14 +44,86 @@ def check_fuse_available() -> None:
                         "access to /dev/fuse")
 
 
+def mount_device(path: str) -> int | None:
+    """Device number of the mount at `path` (from mountinfo: the mount is not asked)."""
+    found = None
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) > 4 and parts[4].replace("\\040", " ") == path:
+                major, minor = parts[2].split(":")
+                found = os.makedev(int(major), int(minor))  # the last one is on top
+    return found
+
+
+def answers(path: str, timeout: float = ANSWER_WAIT_S) -> bool:
+    """Whether the FUSE mount at `path` answers statfs within `timeout` (never from
+    kernel caches). OSError (ENOTCONN: its daemon died) is raised as it comes. The
+    asking thread is left behind if the mount hangs: it returns once the mount's
+    connection is aborted."""
+    done = threading.Event()
+    error: list[OSError] = []
+
+    def ask():
+        try:
+            os.statvfs(path)
+        except OSError as e:
+            error.append(e)
+        done.set()
+
+    threading.Thread(target=ask, name="tierfs-statfs", daemon=True).start()
+    if not done.wait(timeout):
+        return False
+    if error:
+        raise error[0]
+    return True
+
+
+def abort_connection(dev: int) -> None:
+    """Abort the FUSE connection of device `dev`: every request waiting on it fails
+    with ENOTCONN, so the threads stuck in them go on (through the fusectl
+    filesystem, mounted if it is not)."""
+    if not os.path.isdir(os.path.join(FUSECTL, str(os.minor(dev)))):
+        subprocess.run(["mount", "-t", "fusectl", "fusectl", FUSECTL], capture_output=True)
+    with open(os.path.join(FUSECTL, str(os.minor(dev)), "abort"), "w") as f:
+        f.write("1")
+
+
+def release_hung_mount(path: str) -> str | None:
+    """A mount at `path` that does not answer: if its daemon died (killed while a
+    thread of it was stuck in the kernel, which keeps the connection open), abort
+    the connection and unmount it; return a note. Raise UserError if the mount
+    hangs with its daemon alive, or nothing says which daemon it had."""
+    dev = mount_device(path)
+    pid = registry.dead_daemon(dev, path) if dev is not None else None
+    minor = os.minor(dev) if dev is not None else "N"
+    if pid is None:
+        raise UserError(f"{path} is mounted and does not answer within {ANSWER_WAIT_S:g}s: "
+                        f"if its daemon is gone, run echo 1 > {FUSECTL}/{minor}/abort, then "
+                        f"fusermount3 -u -z {path}")
+    try:
+        abort_connection(dev)
+    except OSError as e:
+        raise UserError(f"{path} hangs: its daemon {pid} died with the mount's connection "
+                        f"open, and aborting it failed ({e.strerror}): run echo 1 > "
+                        f"{FUSECTL}/{minor}/abort as root, then fusermount3 -u -z {path}") from None
+    unmount_lazy(path)
+    # Its stuck thread now goes on and the process ends, letting go of its cache dir.
+    deadline = time.monotonic() + ANSWER_WAIT_S
+    while not registry.exited(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return (f"aborted the hung mount at {path}: its daemon {pid} had died with a thread "
+            f"stuck in the kernel")
+
+
 def check_mountpoint(path: str) -> list[str]:
     """Validate a mount point; clean up a stale mount of a dead daemon.
     Returns notes to tell the user (e.g. that a stale mount was removed)."""
     notes = []
     path = os.path.abspath(path)
     try:
-        if mounts().get(path, "").startswith("fuse"):
-            os.statvfs(path)  # never answered from kernel caches: ENOTCONN if dead
+        if mounts().get(path, "").startswith("fuse") and not answers(path):
+            notes.append(release_hung_mount(path))
         st = os.stat(path)
     except FileNotFoundError:
         raise UserError(f"mount point {path} does not exist: create it with mkdir -p {path}") from None

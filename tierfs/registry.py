@@ -1,11 +1,13 @@
-"""Where clients find a mount's daemon when the mount has xattrs turned off.
+"""Which daemon serves a mount, known without asking the mount.
 
 Normally the virtual xattr `user.tierfs.control` answers that. A mount with
-`--no-xattr` cannot answer any xattr, so its daemon also writes the same JSON to
+`--no-xattr` cannot answer any xattr, and a mount whose daemon died may not answer
+at all, so every daemon also writes the same JSON to
 `<run dir>/dev-<major>-<minor>.json`, named after the mount's device number (the
 st_dev every path inside the mount reports), and removes it on exit. A client
 trusts an entry only if its mount point still has that device number and its
-daemon is alive, so entries left by a killed daemon are ignored.
+daemon is alive, so entries left by a killed daemon are ignored; `tierfs mount`
+and `tierfs umount` read them to tell a mount whose daemon died (dead_daemon).
 """
 from __future__ import annotations
 
@@ -57,3 +59,44 @@ def lookup(dev: int) -> dict | None:
             continue
         return info
     return None
+
+
+def dead_daemon(dev: int, mountpoint: str) -> int | None:
+    """The pid of the daemon registered for this mount if it has died (gone, or its
+    main thread exited while a thread of it is stuck in the kernel); None if it
+    runs or nothing says which daemon the mount had."""
+    for directory in run_dirs():
+        try:
+            with open(_entry(directory, dev)) as f:
+                info = json.load(f)
+            if info["mountpoint"] != mountpoint:
+                continue
+            pid = int(info["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        return pid if not _main_thread_runs(pid) else None
+    return None
+
+
+def _main_thread_runs(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def exited(pid: int) -> bool:
+    """Whether every thread of the process has exited (so its files are closed)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+                    return False
+        except (OSError, IndexError):
+            continue
+    return True

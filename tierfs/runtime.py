@@ -361,8 +361,15 @@ class Daemon:
         # The mount answers only once pyfuse3.main runs; stat it from a thread.
         st = await trio.to_thread.run_sync(os.stat, self.cfg.mountpoint)
         set_bdi_readahead(st.st_dev, self.cfg.read_ahead_kb)
-        if not self.cfg.xattr:  # clients cannot ask user.tierfs.control: register instead
+        # Clients of a --no-xattr mount find the daemon here, and a later mount or
+        # umount tells from it whether a mount that hangs had its daemon die.
+        try:
             self._registered = registry.register(st.st_dev, self.control.info())
+        except OSError as e:
+            if not self.cfg.xattr:
+                raise  # its clients could not find it
+            log.info("mount not registered (%s): a hung mount after a crash will need "
+                     "its connection aborted by hand", e)
         on_ready()
 
     async def _signals(self) -> None:

@@ -14,7 +14,7 @@ import time
 from .. import exit_report, sdnotify
 from ..config import MountConfig, format_size
 from ..errors import NotInBucket, UserError
-from ..mountpoint import mounts, unmount_lazy
+from ..mountpoint import answers, mounts, release_hung_mount, unmount_lazy
 from ..client import daemon_info
 
 READY_ENV = "TIERFS_READY_FD"
@@ -76,6 +76,9 @@ def run_daemon(cfg: MountConfig) -> int:
 
     malloc.return_large_blocks()
     ready_fd = int(os.environ.pop(READY_ENV, "-1"))
+    # Until the log is open, SIGUSR1 writes the stacks to stderr (a daemon stuck
+    # before it could lock its cache dir); DaemonLog.attach moves them to the log.
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
 
     def report(message: str) -> None:
         nonlocal ready_fd
@@ -213,6 +216,13 @@ def umount(mountpoint: str, timeout: float = 3600.0) -> int:
         raise UserError(_not_a_mount(mp, table))
     if fstype != "fuse.tierfs":
         raise UserError(f"{mp} is a {fstype} mount, not tierfs")
+    try:
+        alive = answers(mp)
+    except OSError:
+        alive = True  # an error answer: daemon_info below tells a dead daemon's mount
+    if not alive:  # its daemon died with the connection held open, or it hangs
+        print(release_hung_mount(mp))
+        return 0
     try:
         info = daemon_info(mp)
         pid = info["pid"]
