@@ -73,7 +73,7 @@ class Mount:
         every thread: one stuck in the kernel may outlive it, which a later mount
         or umount must cope with."""
         os.kill(self.pid, signal.SIGKILL)
-        wait_until(lambda: registry.exited(self.pid) or _main_thread_exited(self.pid), 30,
+        wait_until(lambda: not registry.main_thread_runs(self.pid), 30,
                    f"daemon pid {self.pid} to die")
         self.pid = None
 
@@ -122,14 +122,6 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.02):
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(interval)
-
-
-def _main_thread_exited(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except (OSError, IndexError):
-        return True
 
 
 def _gone(pid: int) -> bool:

@@ -74,11 +74,11 @@ def dead_daemon(dev: int, mountpoint: str) -> int | None:
             pid = int(info["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        return pid if not _main_thread_runs(pid) else None
+        return pid if not main_thread_runs(pid) else None
     return None
 
 
-def _main_thread_runs(pid: int) -> bool:
+def main_thread_runs(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
