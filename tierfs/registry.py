@@ -79,6 +79,8 @@ def dead_daemon(dev: int, mountpoint: str) -> int | None:
 
 
 def main_thread_runs(pid: int) -> bool:
+    """Whether the process runs: its main thread has not exited (a killed daemon's
+    main thread is a zombie even while another thread of it is stuck in the kernel)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
