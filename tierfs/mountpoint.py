@@ -89,7 +89,7 @@ def abort_connection(dev: int) -> None:
         f.write("1")
 
 
-def release_hung_mount(path: str) -> str | None:
+def release_hung_mount(path: str) -> str:
     """A mount at `path` that does not answer: if its daemon died (killed while a
     thread of it was stuck in the kernel, which keeps the connection open), abort
     the connection and unmount it; return a note. Raise UserError if the mount

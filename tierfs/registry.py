@@ -81,11 +81,7 @@ def dead_daemon(dev: int, mountpoint: str) -> int | None:
 def main_thread_runs(pid: int) -> bool:
     """Whether the process runs: its main thread has not exited (a killed daemon's
     main thread is a zombie even while another thread of it is stuck in the kernel)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
+    return _runs(f"/proc/{pid}/stat")
 
 
 def exited(pid: int) -> bool:
@@ -94,11 +90,13 @@ def exited(pid: int) -> bool:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return True
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
-                    return False
-        except (OSError, IndexError):
-            continue
-    return True
+    return not any(_runs(f"/proc/{pid}/task/{tid}/stat") for tid in tids)
+
+
+def _runs(stat_path: str) -> bool:
+    """Whether the task of this /proc stat file exists and is not a zombie."""
+    try:
+        with open(stat_path) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False

@@ -43,7 +43,6 @@ class HintQueue:
         self.head: collections.deque[int] = collections.deque()  # fetched at once, alone
         self.queued: collections.Counter[int] = collections.Counter()  # in head or queue
         self.in_flight: collections.Counter[int] = collections.Counter()
-        self._running = 0
         self._wake = trio.Event()
         self._room = trio.Event()
         self.done = 0
@@ -85,7 +84,6 @@ class HintQueue:
         """A file leaves the queue for a fetch of its own."""
         self._drop(self.queued, ino)
         self.in_flight[ino] += 1
-        self._running += 1
 
     async def run(self) -> None:
         skipped = 0
@@ -99,7 +97,7 @@ class HintQueue:
                     self._wake = trio.Event()
                     await self._wake.wait()
                     continue
-                if self._running >= self.depth:
+                if self.in_flight.total() >= self.depth:
                     self._room = trio.Event()
                     await self._room.wait()
                     continue
@@ -136,5 +134,4 @@ class HintQueue:
             log.exception("hinted prefetch of inode %d failed", ino)
         finally:
             self._drop(self.in_flight, ino)
-            self._running -= 1
             self._room.set()
