@@ -81,9 +81,13 @@ class Mount:
         self.umount()
         self.start(*extra)
 
+    @property
+    def log_path(self) -> str:
+        return os.path.join(self.cache_dir, "tierfs.log")
+
     def log(self) -> str:
         try:
-            with open(os.path.join(self.cache_dir, "tierfs.log"), errors="replace") as f:
+            with open(self.log_path, errors="replace") as f:
                 return f.read()
         except FileNotFoundError:
             return ""
@@ -137,6 +141,23 @@ def _gone(pid: int) -> bool:
     except ChildProcessError:
         pass
     return registry.exited(pid)
+
+
+def guard_pid(daemon_pid: int) -> int | None:
+    """The pid of the daemon's connection guard (tierfs/guard.py), if it runs."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == daemon_pid and b"tierfs.guard" in argv:
+            return int(entry)
+    return None
 
 
 def kernel_view(pid: int) -> str:

@@ -100,6 +100,10 @@ class MountConfig:
     meta_map_size: int = 1 << 36        # LMDB map to start with; doubles when full
     meta_max_map_size: int = 1 << 40    # then ENOSPC
 
+    @property
+    def log_path(self) -> str:
+        return os.path.join(self.cache_dir, "tierfs.log")
+
 
 # --extent-size of a new filesystem: a power of two in this range. Below 64 KiB every
 # request becomes many extents; above 256 MiB each upload and fetch holds that much memory.

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pyfuse3
 import trio
 
-from . import exit_report, registry, sdnotify
+from . import exit_report, guard, registry, sdnotify
 from .config import MountConfig
 from .errors import ColdStoreError, UserError
 from .filesystem import attach, attach_shared, open_cold
@@ -106,7 +106,8 @@ class Daemon:
         self.engine = None
         self.lease = None
         self.mounted = False
-        self._registered: str | None = None  # registry entry of a --no-xattr mount
+        self._registered: str | None = None  # this mount's entry in the registry
+        self.guard_process = None  # guard.py: aborts the connection if this daemon is killed
         self.on_cache_dir_locked = lambda: None  # the daemon's log starts here
 
     def _space(self, engine) -> Space:
@@ -370,6 +371,13 @@ class Daemon:
                 raise  # its clients could not find it
             log.info("mount not registered (%s): a hung mount after a crash will need "
                      "its connection aborted by hand", e)
+        try:  # from this, the main thread: the guard learns when it exits
+            self.guard_process = guard.start(os.getpid(), st.st_dev, self.cfg.mountpoint,
+                                     self.cfg.log_path)
+        except OSError as e:
+            log.warning("connection guard not started (%s): if this daemon is killed while "
+                        "a thread of it is stuck in the kernel, the mount hangs until "
+                        "tierfs umount", e)
         on_ready()
 
     async def _signals(self) -> None:
@@ -380,6 +388,9 @@ class Daemon:
                 return
 
     def close(self) -> None:
+        if self.guard_process is not None:  # a clean exit: nothing to abort
+            guard.stop(self.guard_process)
+            self.guard_process = None
         if self._registered:
             registry.unregister(self._registered)
             self._registered = None

@@ -2,10 +2,12 @@
 instead of failing with ENOTCONN. That happens when a thread of the daemon is stuck in
 the kernel as it is killed (on a shared namespace, invalidating a name in a directory
 whose lock a writer on the mount holds while it waits for the daemon): the thread, and
-with it the connection, waits for a reply nobody will send. A new mount on the same
-mount point and `tierfs umount` must see that, abort the connection and go on, never
-hang. The tests hold the connection open with a copy of the daemon's /dev/fuse
-descriptor (pidfd_getfd), which keeps it alive exactly as the stuck thread does."""
+with it the connection, waits for a reply nobody will send. The daemon's connection
+guard aborts the connection as soon as the daemon's main thread dies; where the guard
+is gone too, a new mount on the same mount point and `tierfs umount` must see the hang,
+abort the connection and go on, never hang. The tests hold the connection open with a
+copy of the daemon's /dev/fuse descriptor (pidfd_getfd), which keeps it alive exactly
+as the stuck thread does."""
 from __future__ import annotations
 
 import ctypes
@@ -15,8 +17,8 @@ import signal
 
 import pytest
 
-from tests.harness import read_file, write_file
-from tierfs.mountpoint import answers
+from tests.harness import guard_pid, read_file, wait_until, write_file
+from tierfs.mountpoint import DEAD_MOUNT, answers
 
 # pidfd_getfd(2): the same number on every architecture that has the generic table.
 SYS_PIDFD_GETFD = {"x86_64": 438, "aarch64": 438}.get(platform.machine())
@@ -42,14 +44,41 @@ def hold_connection(pid: int) -> int:
         os.close(pidfd)
 
 
+def kill_guard(daemon_pid: int) -> None:
+    """Kill the daemon's connection guard, as a kill of its whole cgroup might."""
+    pid = guard_pid(daemon_pid)
+    assert pid is not None, "every daemon runs a connection guard"
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: guard_pid(daemon_pid) != pid or _zombie(pid), 30, "the guard to die")
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def dead_mount(path: str) -> bool:
+    """Whether calls on the mount fail as on a dead daemon's (never hangs itself)."""
+    try:
+        answers(path, timeout=1)
+    except OSError as e:
+        return e.errno in DEAD_MOUNT
+    return False
+
+
 @pytest.fixture
 def hung(mount_factory):
-    """A mount whose daemon was killed while its connection stayed open."""
+    """A mount whose daemon was killed, with its guard, while its connection
+    stayed open."""
     m = mount_factory()
     write_file(m.path("f"), b"kept")
     m.cli("sync", m.mountpoint, "--wait", check=True)
     held = hold_connection(m.pid)
     try:
+        kill_guard(m.pid)
         m.kill9()
         assert m.mounted and not answers(m.mountpoint, timeout=1), \
             "the dead daemon's mount should hang, not fail"
@@ -86,3 +115,38 @@ def test_a_mount_that_hangs_with_its_daemon_alive_is_left_alone(mount_factory):
     finally:
         os.kill(m.pid, signal.SIGCONT)
     assert read_file(m.path("f")) == b"kept"
+
+
+def test_the_guard_aborts_the_connection_a_killed_daemon_left_open(mount_factory):
+    """No command needed: calls on the mount fail with ENOTCONN instead of waiting,
+    the log says why, and the next mount replaces the dead one."""
+    m = mount_factory()
+    write_file(m.path("f"), b"kept")
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    held = hold_connection(m.pid)
+    try:
+        m.kill9()
+        wait_until(lambda: dead_mount(m.mountpoint), 30,
+                   "the guard to abort the dead daemon's connection")
+        assert "its FUSE connection was aborted" in m.log()
+    finally:
+        os.close(held)
+    res = m.start()
+    assert "aborted the hung mount" not in res.stdout, "the mount was dead, not hung"
+    assert read_file(m.path("f")) == b"kept"
+    m.umount()
+
+
+def test_a_clean_unmount_stops_the_guard_and_aborts_nothing(mount_factory):
+    m = mount_factory()
+    pid = guard_pid(m.pid)
+    assert pid is not None, "every daemon runs a connection guard"
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        assert f.read().split(b"\0")[-2] == m.log_path.encode(), "it logs to the daemon's log"
+    m.umount()
+    assert not os.path.exists(f"/proc/{pid}"), "the daemon reaps its guard as it exits"
+    assert "tierfs.guard" not in m.log()
+    m.start()
+    write_file(m.path("g"), b"still works")
+    assert read_file(m.path("g")) == b"still works"
+    m.umount()

@@ -32,7 +32,7 @@ class DaemonLog:
 
     def __init__(self, cfg: MountConfig):
         self.cfg = cfg
-        self.path = os.path.join(cfg.cache_dir, "tierfs.log")
+        self.path = cfg.log_path
         self.attached = False
         root = logging.getLogger()
         root.setLevel(cfg.log_level.upper())
