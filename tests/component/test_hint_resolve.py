@@ -7,6 +7,7 @@ import collections
 
 import trio
 
+from tests.task_steps import TaskSteps
 from tests.component.test_meta_conformance import DIR, location, meta, mkfile  # noqa: F401
 from tierfs.errors import FsError
 from tierfs.fs import resolve
@@ -72,16 +73,6 @@ def test_each_directory_is_looked_up_once_per_pass(meta, monkeypatch):
     # 1 ds + 2 splits + 6 classes + 24 files, each once
     assert sum(lookups.values()) == 1 + 2 + 6 + len(files)
     assert max(lookups.values()) == 1
-
-
-class TaskSteps(trio.abc.Instrument):
-    """How many times each task ran: a task that never yields runs once."""
-
-    def __init__(self):
-        self.steps = collections.Counter()
-
-    def before_task_step(self, task):
-        self.steps[task.name] += 1
 
 
 def test_a_long_list_is_resolved_a_pass_at_a_time_with_the_loop_free_between(meta,

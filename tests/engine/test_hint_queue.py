@@ -3,10 +3,10 @@ dropped at once, and a long run of files already hot leaves the event loop free
 between passes."""
 from __future__ import annotations
 
-import collections
 
 import trio
 
+from tests.task_steps import TaskSteps
 from tierfs.tier.hinted import HEAD, SKIPS_PER_PASS, HintQueue
 
 from .harness import KiB, engine_stack, run, until
@@ -27,16 +27,6 @@ async def _hot_files(s, n: int) -> list[int]:
         await s.engine.write(ino, 0, b"x")
         inos.append(ino)
     return inos
-
-
-class TaskSteps(trio.abc.Instrument):
-    """How many times each task ran: a task that never yields runs once."""
-
-    def __init__(self):
-        self.steps = collections.Counter()
-
-    def before_task_step(self, task):
-        self.steps[task.name] += 1
 
 
 def test_a_replaced_list_is_no_longer_wanted_and_the_new_one_is(tmp_path):
