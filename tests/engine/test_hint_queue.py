@@ -3,7 +3,6 @@ dropped at once, and a long run of files already hot leaves the event loop free
 between passes."""
 from __future__ import annotations
 
-
 import trio
 
 from tests.task_steps import TaskSteps
