@@ -97,6 +97,29 @@ class PgServer:
                                            + f.read()[-2000:])
                 time.sleep(0.1)
 
+    def _processes(self) -> list[int]:
+        """The server and its children (each backend is a process group of its own)."""
+        pids = [self.proc.pid]
+        for entry in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == self.proc.pid:
+                        pids.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+        return pids
+
+    def pause(self) -> None:
+        """Stop the server without closing anything: connections stay open and
+        nothing answers, as when it is frozen or stuck on its disk."""
+        for pid in self._processes():
+            os.kill(pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        for pid in self._processes():
+            with contextlib.suppress(ProcessLookupError):  # a backend whose client left
+                os.kill(pid, signal.SIGCONT)
+
     def stop(self) -> None:
         """Fast shutdown: open connections are cut, committed data stays."""
         if self.proc is not None and self.proc.poll() is None:

@@ -13,6 +13,7 @@ from .cold.faulty import ControlledFaults
 from .cold.retry import RetryingStore
 from .errors import ObjectNotFound, UserError
 from .meta import MetaStore
+from .meta.store import open_engine
 from .meta.schema import FORMAT_VERSION, READABLE_FORMATS, SUPERBLOCK_OBJECT, Superblock
 from .tier.lease import LEASE_KEY, Lease
 from .tier.recover import recover
@@ -153,7 +154,7 @@ def attach_shared(cfg, cold):
     own store in the cache dir, superblock, notes for the user)."""
     notes = []
     found = read_superblock(cold)
-    shared = MetaStore(cfg.meta_url)
+    shared = MetaStore(open_engine(cfg.meta_url, wait=cfg.meta_timeout))
     try:
         sb = shared.superblock()
         if sb is None and found is not None:

@@ -188,6 +188,51 @@ def test_database_outage_waits_then_eio_and_work_resumes(own_server):
         meta.close()
 
 
+def test_a_database_that_stops_answering_gives_eio_and_work_resumes(own_server, caplog):
+    """A server that keeps its connections open and answers nothing (frozen, stuck
+    on its disk): reads and writes fail with EIO once the bound has passed instead
+    of waiting for ever; once it answers again, work resumes, and what failed left
+    nothing behind."""
+    url = own_server.new_schema()
+    meta = MetaStore(open_engine(url, wait=2.0))
+    try:
+        meta.format(Superblock(fs_id="silent", extent_size=4 << 20), uid=0, gid=0)
+        kept = meta.create_node(ROOT_INO, b"kept", REG, 0, 0)
+        # Two pooled connections, open when the server stops answering.
+        run_together([lambda: meta.create_node(ROOT_INO, b"a", REG, 0, 0),
+                      lambda: meta.create_node(ROOT_INO, b"b", REG, 0, 0)])
+        own_server.pause()
+        try:
+            during = run_together([lambda: meta.create_node(ROOT_INO, b"during", REG, 0, 0),
+                                   lambda: meta.lookup(ROOT_INO, b"kept")])
+        finally:
+            own_server.resume()
+        assert [getattr(r, "errno", r) for r in during] == [errno.EIO, errno.EIO]
+        assert "did not answer within 2 s" in caplog.text  # on the open connections
+        assert meta.lookup(ROOT_INO, b"kept") == kept.ino
+        assert err(meta.lookup, ROOT_INO, b"during") == errno.ENOENT
+        after = meta.create_node(ROOT_INO, b"after", REG, 0, 0)
+        assert meta.lookup(ROOT_INO, b"after") == after.ino
+    finally:
+        meta.close()
+
+
+def test_a_database_that_does_not_answer_at_open_is_one_clear_error(own_server):
+    """Opening a namespace on a server that accepts and answers nothing ends (the
+    connection attempt is bounded) with one line naming the database and the fix."""
+    url = own_server.new_schema()
+    own_server.pause()
+    try:
+        with pytest.raises(UserError) as caught:
+            MetaStore(open_engine(url, wait=1.0))
+    finally:
+        own_server.resume()
+    message = str(caught.value)
+    assert "cannot use the metadata database postgresql://" in message, message
+    assert "check --meta-url and that PostgreSQL is running" in message, message
+    assert "\n" not in message
+
+
 def _backend_waiting(server, event: str) -> int | None:
     import psycopg
     with psycopg.connect(server.url(), autocommit=True) as conn:

@@ -15,6 +15,7 @@ import pytest
 from tests.fuse.test_tiering import status
 from tests.harness import read_file, wait_until, write_file
 from tests.moto_server import s3_env
+from tests.pg_server import pg_server
 
 NODES = 3
 
@@ -292,6 +293,47 @@ def test_database_restart_during_metadata_load(nodes, postgres):
         assert set(made) <= names
     for name in random.Random(1).sample(made, 20):
         assert read_file(c.path("load", name)) == name.encode()
+
+
+@pytest.fixture
+def own_postgres():
+    """A server of this test's own, to pause (the session's serves others); set up
+    before the mounts, so it outlives them."""
+    with pg_server() as server:
+        yield server
+
+
+def test_a_database_that_stops_answering_fails_requests_then_work_resumes(
+        own_postgres, mount_factory, s3_url, s3_endpoint):
+    """The server keeps its connections open and answers nothing (frozen, stuck on its
+    disk): a request that needs it fails with EIO after --meta-timeout instead of
+    waiting for ever; once it answers again the mount works, and what was written
+    before is there."""
+    m = mount_factory(cold_url=s3_url, env=dict(os.environ, **s3_env(s3_endpoint)),
+                      args=("--meta-url", own_postgres.new_schema(), "--meta-timeout", "3"))
+    m.allowed_log.append(r"metadata database .* (did not answer within 3 s|unreachable for)")
+    write_file(m.path("kept"), b"kept")  # its upload and publication meet the silence
+    outcome: list = []
+
+    def look_up_a_new_name():
+        try:
+            os.stat(m.path("never-seen"))
+            outcome.append("found")
+        except OSError as e:
+            outcome.append(e.errno)
+    own_postgres.pause()
+    try:
+        probe = threading.Thread(target=look_up_a_new_name, daemon=True)
+        probe.start()
+        probe.join(60)
+        assert not probe.is_alive(), "a lookup waited for the silent database without a bound"
+    finally:
+        own_postgres.resume()
+    assert outcome == [errno.EIO]
+    assert read_file(m.path("kept")) == b"kept"
+    write_file(m.path("after"), b"after")
+    assert sorted(os.listdir(m.mountpoint)) == ["after", "kept"]
+    m.umount()
 
 
 def test_an_outage_longer_than_the_session_timeout_ends_no_session(nodes, postgres):

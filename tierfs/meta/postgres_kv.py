@@ -10,7 +10,9 @@ READ, READ ONLY: one snapshot, never a serialization failure.
 
 While the server cannot be reached a call waits (reconnecting) up to `wait`
 seconds, then fails with EIO; a connection lost while COMMIT was in flight has
-an unknown outcome and fails at once with EIO (it is not run twice).
+an unknown outcome and fails at once with EIO (it is not run twice). A server
+that keeps its connections but does not answer gets as long for each statement
+(at least MIN_ANSWER_WAIT; postgres_deadline.py), then the call fails with EIO.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ log = logging.getLogger("tierfs.meta")
 SCHEMA_VERSION = 1
 SCAN_BATCH = 512
 CONNECT_TIMEOUT = 5  # seconds for one connection attempt
+MIN_ANSWER_WAIT = 1.0  # seconds a statement gets at least, whatever `wait` is
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tierfs_schema (version integer NOT NULL);
@@ -102,25 +105,33 @@ class PostgresKV:
         except ImportError:
             raise UserError("a postgresql:// metadata URL needs psycopg 3: "
                             "pip install 'tierfs[postgres]'") from None
+        from .postgres_deadline import AnswerWatch, NoAnswer
         self._psycopg = psycopg
         self._sql = psycopg.sql
+        self._no_answer = NoAnswer
+        # Every statement: an answer within the bound, or its connection is cut.
+        self.answers = AnswerWatch(bound=max(wait, MIN_ANSWER_WAIT))
+        self._watched = watched = self.answers.cursor_class()
         self._retryable = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected)
         self._unreachable = (psycopg.OperationalError, NoConnectionSlot)
         self.url = url
         self.where = describe(url)
         self.wait = wait
         try:
-            with psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT) as conn:
+            with psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT,
+                                 cursor_factory=watched) as conn:
                 self._create_schema(conn)
                 schema = conn.execute("SELECT current_schema()").fetchone()[0]
         except psycopg.Error as e:
+            self.answers.close()
             raise UserError(f"cannot use the metadata database {self.where}: {first_line(e)}; "
                             "check --meta-url and that PostgreSQL is running") from None
         # One channel per filesystem: a database may hold several, one per schema.
         self.channel = "tierfs_" + hashlib.sha256(schema.encode()).hexdigest()[:16]
         self.sender = new_sender()
         self.pool = Connections(
-            lambda: psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT),
+            lambda: psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT,
+                                    cursor_factory=watched),
             size=pool_size, slot_wait=min(max(wait, 0.1), 5.0))
 
     def _create_schema(self, conn) -> None:
@@ -197,7 +208,8 @@ class PostgresKV:
         while True:
             try:
                 with self._psycopg.connect(self.url, autocommit=True,
-                                           connect_timeout=CONNECT_TIMEOUT) as conn:
+                                           connect_timeout=CONNECT_TIMEOUT,
+                                           cursor_factory=self._watched) as conn:
                     status = conn.execute("SELECT pg_xact_status(%s::xid8)",
                                           (xid,)).fetchone()[0]
                 if status in ("committed", "aborted"):
@@ -254,6 +266,11 @@ class PostgresKV:
                 now = time.monotonic()
                 if isinstance(cause, self._retryable):
                     pause = min(pause * 2, 0.05)
+                elif isinstance(cause, self._no_answer):  # the wait is spent already
+                    self.pool.forget_idle()
+                    log.error("metadata database %s did not answer within %.0f s: "
+                              "returning EIO", self.where, self.answers.bound)
+                    raise FsError(errno.EIO) from None
                 else:
                     self.pool.forget_idle()
                     if first_failure is None:
@@ -311,3 +328,4 @@ class PostgresKV:
 
     def close(self) -> None:
         self.pool.close()
+        self.answers.close()

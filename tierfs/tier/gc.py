@@ -10,7 +10,7 @@ import time
 
 import trio
 
-from ..errors import ColdStoreError
+from ..errors import ColdStoreError, FsError
 from ..meta.schema import object_name
 
 log = logging.getLogger(__name__)
@@ -35,11 +35,19 @@ class GarbageCollector:
         self.still_ours = lambda: True
 
     async def run(self) -> None:
+        failing = False
         while True:
             await trio.sleep(self.interval)
             self.engine.stats.inc("gc_passes")
-            while await self.collect() >= self.batch:
-                pass  # a backlog (overwrites): keep deleting before sleeping again
+            try:
+                while await self.collect() >= self.batch:
+                    pass  # a backlog (overwrites): keep deleting before sleeping again
+            except FsError as e:  # a shared namespace's database is away: next pass
+                if not failing:
+                    log.warning("gc: the metadata store failed (%s); will retry", e)
+                failing = True
+                continue
+            failing = False
 
     async def _call(self, fn, *args):
         if self.shared:

@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 ALL = (1 << 64) - 1
 IDS_LOW = ID_BLOCK // 4  # object ids left when a new block is fetched ahead
 PUSH_BATCH = 256  # files published in one transaction after their uploads
+PUSH_RETRY_MAX_S = 5.0  # longest pause between tries to publish while the database is away
 
 
 class SharedView:
@@ -99,11 +100,24 @@ class SharedView:
         """Push files whose uploads finished (and, first, those the last run left
         unpublished)."""
         self._due.update(self.unpublished)
+        failures = 0
         while True:
             while self._due:
                 batch = sorted(self._due)[:PUSH_BATCH]
                 self._due.difference_update(batch)
-                await self.push_many(batch)
+                try:
+                    await self.push_many(batch)
+                except FsError as e:  # the database is away: they stay due
+                    self._due.update(batch)
+                    failures += 1
+                    if failures == 1:
+                        log.warning("publishing %d uploaded files failed (%s); will retry",
+                                    len(batch), e)
+                    await trio.sleep(min(PUSH_RETRY_MAX_S, 0.5 * 2 ** min(failures, 4)))
+                    continue
+                if failures:
+                    log.info("publishing uploaded files works again")
+                failures = 0
             await self._wake.wait()
             self._wake = trio.Event()
 

@@ -147,7 +147,7 @@ class Uploader:
         try:
             async with self.limit:
                 await self.upload(key)
-        except ColdStoreError as e:
+        except (ColdStoreError, FsError) as e:  # the bucket, or a shared namespace's database
             self._failed(e, f"inode {key[0]} extent {key[1]}")
         except Exception:
             log.exception("upload of inode %d extent %d failed", *key)
@@ -158,18 +158,18 @@ class Uploader:
         try:
             async with self.limit, self.pack_limit:
                 await self.upload_pack(batch)
-        except ColdStoreError as e:
+        except (ColdStoreError, FsError) as e:
             self._failed(e, f"a pack of {len(batch)} extents")
         except Exception:
             log.exception("upload of a pack of %d extents failed", len(batch))
         finally:
             self._finished(batch)
 
-    def _failed(self, e: ColdStoreError, what: str) -> None:
+    def _failed(self, e: Exception, what: str) -> None:
         self.failures += 1
         self.engine.stats.inc("upload_errors")
-        # Back off so a bucket outage does not become a hot loop, but try again every
-        # few seconds: uploads resume soon after the bucket is back.
+        # Back off so an outage does not become a hot loop, but try again every few
+        # seconds: uploads resume soon after the bucket (or database) is back.
         self.backoff_until = time.monotonic() + min(MAX_BACKOFF_S, 0.5 * 2 ** min(self.failures, 4))
         if self.last_error is None:  # once per outage, not once per extent
             log.warning("upload of %s failed (%s); will retry", what, e)
