@@ -50,7 +50,7 @@ def guard(pid: int, dev: int, mountpoint: str, log_path: str) -> None:
     except OSError as e:
         note = (f"the daemon was killed and aborting its FUSE connection failed "
                 f"({e.strerror}): if {mountpoint} hangs, run tierfs umount {mountpoint}")
-    now = time.time()
+    now = time.time()  # the daemon log's own format
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f",{int(now % 1 * 1000):03d}"
     with open(log_path, "a") as log:
         log.write(f"{stamp} WARNING tierfs.guard: {note}\n")

@@ -373,7 +373,7 @@ class Daemon:
                      "its connection aborted by hand", e)
         try:  # from this, the main thread: the guard learns when it exits
             self.guard_process = guard.start(os.getpid(), st.st_dev, self.cfg.mountpoint,
-                                     self.cfg.log_path)
+                                             self.cfg.log_path)
         except OSError as e:
             log.warning("connection guard not started (%s): if this daemon is killed while "
                         "a thread of it is stuck in the kernel, the mount hangs until "
