@@ -97,9 +97,9 @@ class PgServer:
                                            + f.read()[-2000:])
                 time.sleep(0.1)
 
-    def _processes(self) -> list[int]:
-        """The server and its children (each backend is a process group of its own)."""
-        pids = [self.proc.pid]
+    def _children(self) -> list[int]:
+        """The server's backends and helpers (each a process group of its own)."""
+        pids = []
         for entry in os.listdir("/proc"):
             try:
                 with open(f"/proc/{entry}/stat") as f:
@@ -111,12 +111,14 @@ class PgServer:
 
     def pause(self) -> None:
         """Stop the server without closing anything: connections stay open and
-        nothing answers, as when it is frozen or stuck on its disk."""
-        for pid in self._processes():
+        nothing answers, as when it is frozen or stuck on its disk. The postmaster
+        first, so that no backend starts after the others were listed."""
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        for pid in self._children():
             os.kill(pid, signal.SIGSTOP)
 
     def resume(self) -> None:
-        for pid in self._processes():
+        for pid in [self.proc.pid, *self._children()]:
             with contextlib.suppress(ProcessLookupError):  # a backend whose client left
                 os.kill(pid, signal.SIGCONT)
 

@@ -30,13 +30,14 @@ def _entry(directory: str, dev: int) -> str:
 
 
 def register(dev: int, info: dict) -> str:
-    """Write the entry for the mount with device number `dev`; return its path."""
+    """Write the entry for the mount with device number `dev` (info names the daemon's
+    pid; its start time is added, so a reused pid is not taken for it); return its path."""
     directory = run_dirs()[0] if os.geteuid() == 0 else run_dirs()[-1]
     os.makedirs(directory, mode=0o755, exist_ok=True)
     path = _entry(directory, dev)
     tmp = f"{path}.{os.getpid()}"
     with open(tmp, "w") as f:
-        json.dump(info, f)
+        json.dump(dict(info, started=_started(info["pid"])), f)
     os.replace(tmp, path)
     return path
 
@@ -52,30 +53,57 @@ def lookup(dev: int) -> dict | None:
         try:
             with open(_entry(directory, dev)) as f:
                 info = json.load(f)
-            if os.stat(info["mountpoint"]).st_dev != dev:
+            if os.stat(info["mountpoint"]).st_dev != dev or not _runs_as(info):
                 continue
-            os.kill(info["pid"], 0)
         except (OSError, ValueError, KeyError, TypeError):
             continue
         return info
     return None
 
 
-def dead_daemon(dev: int, mountpoint: str) -> int | None:
-    """The pid of the daemon registered for this mount if it has died (gone, or its
-    main thread exited while a thread of it is stuck in the kernel); None if it
-    runs or nothing says which daemon the mount had."""
+def _registered(dev: int, mountpoint: str) -> dict | None:
+    """The entry for the mount at `mountpoint` with device number `dev` (the mount
+    is not asked)."""
     for directory in run_dirs():
         try:
             with open(_entry(directory, dev)) as f:
                 info = json.load(f)
-            if info["mountpoint"] != mountpoint:
-                continue
-            pid = int(info["pid"])
+            if info["mountpoint"] == mountpoint and isinstance(info["pid"], int):
+                return info
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        return pid if not main_thread_runs(pid) else None
     return None
+
+
+def serving(dev: int, mountpoint: str) -> dict | None:
+    """The registered daemon of this mount if it runs, found without asking the
+    mount (which may be slow to answer while its metadata database is away)."""
+    info = _registered(dev, mountpoint)
+    return info if info is not None and _runs_as(info) else None
+
+
+def dead_daemon(dev: int, mountpoint: str) -> int | None:
+    """The pid of the daemon registered for this mount if it has died (gone, or its
+    main thread exited while a thread of it is stuck in the kernel); None if it
+    runs or nothing says which daemon the mount had."""
+    info = _registered(dev, mountpoint)
+    return info["pid"] if info is not None and not _runs_as(info) else None
+
+
+def _runs_as(info: dict) -> bool:
+    """Whether the entry's daemon runs: its pid's main thread runs and, for entries
+    that recorded it, started when the daemon did (not a later process on its pid)."""
+    pid = info["pid"]
+    return main_thread_runs(pid) and info.get("started") in (None, _started(pid))
+
+
+def _started(pid: int) -> int | None:
+    """When the process started, in clock ticks after boot (/proc/PID/stat field 22)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def main_thread_runs(pid: int) -> bool:

@@ -16,7 +16,7 @@ import trio
 
 from . import exit_report, guard, registry, sdnotify
 from .config import MountConfig
-from .errors import ColdStoreError, UserError
+from .errors import ColdStoreError, FsError, UserError
 from .filesystem import attach, attach_shared, open_cold
 from .fs import request_wait
 from .fs.control import Control
@@ -286,11 +286,16 @@ class Daemon:
         await self._release_lease()
 
     async def _release_lease(self) -> None:
-        """Mark the lease released, within --cold-timeout (a silent bucket must not
-        keep the daemon from exiting; the lease then simply expires)."""
+        """Mark the lease (or shared session) released, within --cold-timeout (a silent
+        bucket or database must not keep the daemon from exiting; the lease or session
+        then simply expires)."""
         lease, self.lease = self.lease, None
         with trio.move_on_after(self.cfg.cold_timeout):
-            await trio.to_thread.run_sync(lease.release, abandon_on_cancel=True)
+            try:
+                await trio.to_thread.run_sync(lease.release, abandon_on_cancel=True)
+            except (ColdStoreError, FsError) as e:
+                log.warning("releasing this node's lease or session failed (%s); it "
+                            "expires by itself", e)
 
     async def _background(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -327,7 +332,7 @@ class Daemon:
                 try:
                     await self.checkpointer.checkpoint()
                     await self.gc.collect()
-                except ColdStoreError as e:
+                except (ColdStoreError, FsError) as e:  # the bucket, or the database
                     log.warning("final metadata checkpoint failed: %s", e)
                 except Fenced:
                     pass  # the exit report says so

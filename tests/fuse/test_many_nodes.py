@@ -336,6 +336,39 @@ def test_a_database_that_stops_answering_fails_requests_then_work_resumes(
     m.umount()
 
 
+def test_close_and_umount_while_the_database_does_not_answer_lose_nothing(
+        own_postgres, mount_factory, s3_url, s3_endpoint):
+    """A file is closed while the server does not answer: close() fails with EIO (its
+    data is not published, nor uploaded: an object id comes from the database), then
+    umount ends within its bounds and says what is not in the bucket; the next mount
+    uploads and publishes it, and another node reads it."""
+    env = dict(os.environ, **s3_env(s3_endpoint))
+    args = ("--meta-url", own_postgres.new_schema(), "--meta-timeout", "2")
+    a = mount_factory(cold_url=s3_url, env=env, name="a",
+                      args=(*args, "--unmount-upload-timeout", "6"))
+    a.allowed_log.append(r"metadata database .* (did not answer within 2 s|unreachable for)")
+    data = os.urandom(1024 * 1024 + 5)
+    f = open(a.path("f"), "wb")
+    f.write(data)
+    f.flush()
+    own_postgres.pause()
+    try:
+        with pytest.raises(OSError) as closing:
+            f.close()
+        assert closing.value.errno == errno.EIO
+        res = a.cli("umount", a.mountpoint, timeout=120)
+    finally:
+        own_postgres.resume()
+    a.pid = None
+    assert res.returncode == 3, res.stderr
+    assert "is not in the bucket yet" in res.stderr and "uploads on the next mount" in res.stderr
+    assert not a.mounted
+    a.start()
+    a.cli("sync", a.mountpoint, "--wait", check=True)
+    b = mount_factory(cold_url=s3_url, env=env, name="b", args=args)
+    assert read_file(b.path("f")) == data
+
+
 def test_an_outage_longer_than_the_session_timeout_ends_no_session(nodes, postgres):
     """PostgreSQL is away longer than the session timeout (8 s against 6 s), so every
     heartbeat is that old when it returns; no node ends another's session for it:

@@ -1,5 +1,6 @@
 """The daemon registry used by --no-xattr mounts: entries are trusted only while
 their mount point has the registered device number and their daemon lives."""
+import json
 import os
 import subprocess
 
@@ -13,7 +14,8 @@ def test_lookup_trusts_only_live_matching_entries(tmp_path, monkeypatch):
     dev = os.stat(mountpoint).st_dev
     info = {"pid": os.getpid(), "socket": "/x.sock", "mountpoint": str(mountpoint)}
     path = registry.register(dev, info)
-    assert registry.lookup(dev) == info
+    found = registry.lookup(dev)
+    assert found is not None and {k: found[k] for k in info} == info
     assert registry.lookup(dev + 1) is None  # another mount: no entry
 
     dead = subprocess.Popen(["true"])
@@ -27,3 +29,24 @@ def test_lookup_trusts_only_live_matching_entries(tmp_path, monkeypatch):
     registry.unregister(path)
     registry.unregister(path)  # twice is fine
     assert registry.lookup(dev) is None
+
+
+def test_an_entry_names_one_process_not_whatever_later_gets_its_pid(tmp_path, monkeypatch):
+    """Entries record when their daemon started: a killed daemon's entry is not taken
+    for a later process that got its pid (serving: not it; dead_daemon: it died)."""
+    monkeypatch.setattr(registry, "run_dirs", lambda: [str(tmp_path / "run")])
+    mountpoint = str(tmp_path / "mnt")
+    dev = os.makedev(0, 4242)
+    info = {"pid": os.getpid(), "socket": "/x.sock", "mountpoint": mountpoint}
+    registry.register(dev, info)
+    assert registry.serving(dev, mountpoint)["pid"] == os.getpid()
+    assert registry.dead_daemon(dev, mountpoint) is None
+    assert registry.serving(dev, mountpoint + "-other") is None  # another mount point
+
+    entry = os.path.join(str(tmp_path / "run"), os.listdir(tmp_path / "run")[0])
+    with open(entry) as f:
+        recorded = json.load(f)
+    with open(entry, "w") as f:  # as if this pid had been a daemon that started earlier
+        json.dump(dict(recorded, started=recorded["started"] - 1), f)
+    assert registry.serving(dev, mountpoint) is None
+    assert registry.dead_daemon(dev, mountpoint) == os.getpid()

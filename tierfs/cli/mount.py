@@ -11,10 +11,10 @@ import sys
 import tempfile
 import time
 
-from .. import exit_report, sdnotify
+from .. import exit_report, registry, sdnotify
 from ..config import MountConfig, format_size
 from ..errors import NotInBucket, UserError
-from ..mountpoint import answers, mounts, release_hung_mount, unmount_lazy
+from ..mountpoint import answers, mount_device, mounts, release_hung_mount, unmount_lazy
 from ..client import daemon_info
 
 READY_ENV = "TIERFS_READY_FD"
@@ -223,8 +223,11 @@ def umount(mountpoint: str, timeout: float = 3600.0) -> int:
     if not alive:  # its daemon died with the connection held open, or it hangs
         print(release_hung_mount(mp))
         return 0
+    dev = mount_device(mp)
+    # The registry first: asking the mount may wait for a shared namespace's database.
+    info = registry.serving(dev, mp) if dev is not None else None
     try:
-        info = daemon_info(mp)
+        info = info or daemon_info(mp)
         pid = info["pid"]
     except UserError:
         unmount_lazy(mp)  # the daemon is dead: only the stale mount is left

@@ -416,7 +416,8 @@ class Operations(pyfuse3.Operations):
         if _unsupported(name):
             raise FsError(errno.EOPNOTSUPP)
         if name.startswith(b"user.tierfs.") and self.control is not None:
-            await self._fresh(inode)
+            if name != CONTROL_XATTR:  # which daemon this is: no file state involved
+                await self._fresh(inode)
             value = self.control.virtual_xattr(inode, name)
             if value is not None:
                 return value

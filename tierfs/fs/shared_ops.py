@@ -23,6 +23,8 @@ from .ops import CAPABILITY_XATTR, Operations, _guard, attr_change
 
 log = logging.getLogger(__name__)
 
+STATFS_WAIT_S = 1.0  # longest statfs waits for the database's file count
+
 
 class SharedOperations(Operations):
     def __init__(self, shared, view, engine, **kwargs):
@@ -35,6 +37,8 @@ class SharedOperations(Operations):
         # open here): only those need the database's purge when the kernel lets go.
         # Every other forget, thousands after a cache drop, costs nothing.
         self.maybe_orphans: set[int] = set()
+        self._files = 0  # the namespace's file count as last counted (statfs)
+        self._counted: trio.Event | None = None  # set when the count asked for is in
 
     # ---- attributes ---------------------------------------------------------------
     def _shared_entry(self, found) -> pyfuse3.EntryAttributes:
@@ -244,7 +248,27 @@ class SharedOperations(Operations):
 
     @_guard
     async def statfs(self, ctx):
+        """The hot tier's space, and the namespace's file count as the database gives
+        it within STATFS_WAIT_S, else as it last gave it: `df`, and the check of
+        `tierfs mount` and `tierfs umount` that a mount answers, keep working while
+        the database is away. One count at a time is asked for."""
         out = await super().statfs(ctx)
-        used = await self.call(self.ns.inode_count)
-        out.f_files = used + (1 << 32)
+        if self._counted is None:
+            self._counted = trio.Event()
+            # A task of its own: a statfs that stops waiting leaves the count running.
+            trio.lowlevel.spawn_system_task(self._count_files, self._counted)
+        with trio.move_on_after(STATFS_WAIT_S):
+            await self._counted.wait()
+        out.f_files = self._files + (1 << 32)
         return out
+
+    async def _count_files(self, counted: trio.Event) -> None:
+        try:
+            self._files = await self.call(self.ns.inode_count)
+        except FsError:
+            pass  # the database is away: the last count stands
+        except Exception:  # a system task's error would end the mount
+            log.exception("counting the namespace's files failed")
+        finally:
+            counted.set()
+            self._counted = None
