@@ -14,11 +14,17 @@ import ctypes
 import os
 import platform
 import signal
+import socket
+import subprocess
+import sys
 
 import pytest
 
 from tests.harness import guard_pid, read_file, wait_until, write_file
-from tierfs.mountpoint import DEAD_MOUNT, answers
+from tests.moto_server import s3_env
+from tests.pg_server import pg_server
+from tierfs import registry
+from tierfs.mountpoint import DEAD_MOUNT, abort_connection, answers, mount_device
 
 # pidfd_getfd(2): the same number on every architecture that has the generic table.
 SYS_PIDFD_GETFD = {"x86_64": 438, "aarch64": 438}.get(platform.machine())
@@ -150,3 +156,90 @@ def test_a_clean_unmount_stops_the_guard_and_aborts_nothing(mount_factory):
     write_file(m.path("g"), b"still works")
     assert read_file(m.path("g")) == b"still works"
     m.umount()
+
+
+@pytest.fixture
+def own_postgres():
+    """A server of this test's own (some of its backends get stopped); set up before
+    the mounts, so it outlives them."""
+    with pg_server() as server:
+        yield server
+
+
+def _pool_backends(server, daemon_pid: int) -> list[int]:
+    """The server processes of the daemon's pooled connections (not its feed's), told
+    apart by the application name each connection gives."""
+    import psycopg
+    name = f"tierfs {socket.gethostname()} pid {daemon_pid}"[:63]
+    with psycopg.connect(server.url(), autocommit=True) as conn:
+        rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+                            (name,)).fetchall()
+    return [r[0] for r in rows]
+
+
+def _thread_in_kernel_function(pid: int, function: str) -> bool:
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stack") as f:
+                if function in f.read():
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def test_the_guard_frees_a_daemon_killed_while_its_feed_waits_for_a_directory(
+        own_postgres, mount_factory, s3_url, s3_endpoint):
+    """The hang itself, on a shared namespace: a writer creating d/x on node A holds
+    d's lock while A waits for the database; node B creates d/y, and A's change feed,
+    invalidating that name in the kernel, waits for d's lock. A is killed: without the
+    guard, the writer and A's feed thread wait for each other for ever (the writer in
+    an unkillable wait: the kernel waits out a request the daemon has read), and so
+    does every caller of the mount."""
+    env = dict(os.environ, **s3_env(s3_endpoint))
+    args = ("--meta-url", own_postgres.new_schema(), "--meta-timeout", "120")
+    a = mount_factory(cold_url=s3_url, env=env, name="a", args=args)
+    b = mount_factory(cold_url=s3_url, env=env, name="b", args=args)
+    os.mkdir(a.path("d"))
+    assert os.listdir(a.path("d")) == [] and os.listdir(b.path("d")) == []
+    stopped = _pool_backends(own_postgres, a.pid)
+    assert stopped, "node A holds pooled connections"
+    for pid in stopped:  # A's requests now wait for the database; its feed still hears
+        os.kill(pid, signal.SIGSTOP)
+    writer = None
+    try:
+        writer = subprocess.Popen([sys.executable, "-c", f"open({a.path('d', 'x')!r}, 'w')"],
+                                  stderr=subprocess.PIPE, text=True)
+        wait_until(lambda: _thread_in_kernel_function(writer.pid, "fuse_"), 30,
+                   "the writer to wait for node A")
+        write_file(b.path("d", "y"), b"from b")
+        daemon = a.pid
+        wait_until(lambda: _thread_in_kernel_function(daemon, "fuse_reverse_inval_entry"), 30,
+                   "node A's feed thread to wait for the directory's lock")
+        a.kill9()
+        try:
+            _, said = writer.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the writer still waits 30 s after node A was killed: the mount hangs")
+        assert writer.returncode != 0
+        assert any(os.strerror(e) in said for e in DEAD_MOUNT), said
+        wait_until(lambda: registry.exited(daemon), 30, "node A's process to exit")
+        assert "its FUSE connection was aborted" in a.log()
+    finally:
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        if writer is not None and writer.poll() is None:
+            writer.kill()
+            try:
+                writer.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # its request is with a dead daemon: the
+                dev = mount_device(a.mountpoint)  # kernel waits it out, unkillably,
+                if dev is not None:  # until the connection is aborted
+                    abort_connection(dev)
+                writer.wait(timeout=30)
+    assert read_file(b.path("d", "y")) == b"from b"
+    a.start()
+    assert read_file(a.path("d", "y")) == b"from b"

@@ -61,12 +61,13 @@ class Listener:
     everything) for what other senders changed. stop() ends it."""
 
     def __init__(self, url: str, channel: str, sender: str, on_change, *,
-                 connect_timeout: float = 5.0):
+                 connect_timeout: float = 5.0, application_name: str = "tierfs feed"):
         import psycopg
         self._psycopg = psycopg
         self.url, self.channel, self.sender = url, channel, sender
         self.on_change = on_change
         self.connect_timeout = connect_timeout
+        self.application_name = application_name
         self._stop = threading.Event()
         self.listening = threading.Event()  # set while LISTEN is in force
         self._thread = threading.Thread(target=self._run, name="tierfs-meta-feed", daemon=True)
@@ -80,8 +81,9 @@ class Listener:
         lost = False
         while not self._stop.is_set():
             try:
-                with self._psycopg.connect(self.url, autocommit=True,
-                                           connect_timeout=self.connect_timeout) as conn:
+                with self._psycopg.connect(
+                        self.url, autocommit=True, connect_timeout=self.connect_timeout,
+                        fallback_application_name=self.application_name) as conn:
                     conn.execute(f'LISTEN "{self.channel}"')
                     self.listening.set()
                     if lost:  # what was sent while we were away is gone

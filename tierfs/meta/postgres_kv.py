@@ -19,9 +19,12 @@ from __future__ import annotations
 import bisect
 import contextlib
 import errno
+import functools
 import hashlib
 import logging
+import os
 import random
+import socket
 import time
 from typing import Iterator
 from urllib.parse import urlsplit
@@ -51,6 +54,13 @@ def describe(url: str) -> str:
     port = f":{parts.port}" if parts.port else ""
     user = f"{parts.username}@" if parts.username else ""
     return f"postgresql://{user}{host}{port}{parts.path}"
+
+
+def application_name(role: str = "") -> str:
+    """What pg_stat_activity shows for this process's connections (unless the URL
+    names one): the node, the pid, and "feed" for the change feed's connection."""
+    words = ["tierfs", role, socket.gethostname(), f"pid {os.getpid()}"]
+    return " ".join(w for w in words if w)[:63]  # NAMEDATALEN
 
 
 class _Retry(UserError):
@@ -111,15 +121,18 @@ class PostgresKV:
         self._no_answer = NoAnswer
         # Every statement: an answer within the bound, or its connection is cut.
         self.answers = AnswerWatch(bound=max(wait, MIN_ANSWER_WAIT))
-        self._watched = watched = self.answers.cursor_class()
+        watched = self.answers.cursor_class()
         self._retryable = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected)
         self._unreachable = (psycopg.OperationalError, NoConnectionSlot)
         self.url = url
         self.where = describe(url)
         self.wait = wait
+        # pg_stat_activity shows which node and process holds each connection.
+        self._connect = functools.partial(
+            psycopg.connect, url, autocommit=True, connect_timeout=CONNECT_TIMEOUT,
+            cursor_factory=watched, fallback_application_name=application_name())
         try:
-            with psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT,
-                                 cursor_factory=watched) as conn:
+            with self._connect() as conn:
                 self._create_schema(conn)
                 schema = conn.execute("SELECT current_schema()").fetchone()[0]
         except psycopg.Error as e:
@@ -129,10 +142,8 @@ class PostgresKV:
         # One channel per filesystem: a database may hold several, one per schema.
         self.channel = "tierfs_" + hashlib.sha256(schema.encode()).hexdigest()[:16]
         self.sender = new_sender()
-        self.pool = Connections(
-            lambda: psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT,
-                                    cursor_factory=watched),
-            size=pool_size, slot_wait=min(max(wait, 0.1), 5.0))
+        self.pool = Connections(self._connect, size=pool_size,
+                                slot_wait=min(max(wait, 0.1), 5.0))
 
     def _create_schema(self, conn) -> None:
         """Tables on first use, under an advisory lock (several nodes may start at once)."""
@@ -207,9 +218,7 @@ class PostgresKV:
         deadline = time.monotonic() + self.wait
         while True:
             try:
-                with self._psycopg.connect(self.url, autocommit=True,
-                                           connect_timeout=CONNECT_TIMEOUT,
-                                           cursor_factory=self._watched) as conn:
+                with self._connect() as conn:
                     status = conn.execute("SELECT pg_xact_status(%s::xid8)",
                                           (xid,)).fetchone()[0]
                 if status in ("committed", "aborted"):
@@ -250,7 +259,8 @@ class PostgresKV:
         """Call on_change(inodes, entries, everything) from a thread of its own for
         what other nodes' transactions changed (postgres_feed.py)."""
         return Listener(self.url, self.channel, self.sender, on_change,
-                        connect_timeout=CONNECT_TIMEOUT)
+                        connect_timeout=CONNECT_TIMEOUT,
+                        application_name=application_name("feed"))
 
     def run(self, fn, *args, **kwargs):
         """Run fn(*args, **kwargs) (its own transactions) until it commits; serialization failures and
