@@ -61,13 +61,16 @@ class Listener:
     everything) for what other senders changed. stop() ends it."""
 
     def __init__(self, url: str, channel: str, sender: str, on_change, *,
-                 connect_timeout: float = 5.0, application_name: str = "tierfs feed"):
+                 connect_timeout: float = 5.0, application_name: str = "tierfs feed",
+                 cursor_factory=None):
         import psycopg
         self._psycopg = psycopg
         self.url, self.channel, self.sender = url, channel, sender
         self.on_change = on_change
         self.connect_timeout = connect_timeout
         self.application_name = application_name
+        # The engine's: it bounds the LISTEN's wait for an answer.
+        self.cursor_factory = cursor_factory or psycopg.Cursor
         self._stop = threading.Event()
         self.listening = threading.Event()  # set while LISTEN is in force
         self._thread = threading.Thread(target=self._run, name="tierfs-meta-feed", daemon=True)
@@ -83,7 +86,8 @@ class Listener:
             try:
                 with self._psycopg.connect(
                         self.url, autocommit=True, connect_timeout=self.connect_timeout,
-                        fallback_application_name=self.application_name) as conn:
+                        fallback_application_name=self.application_name,
+                        cursor_factory=self.cursor_factory) as conn:
                     conn.execute(f'LISTEN "{self.channel}"')
                     self.listening.set()
                     if lost:  # what was sent while we were away is gone

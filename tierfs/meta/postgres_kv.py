@@ -121,7 +121,7 @@ class PostgresKV:
         self._no_answer = NoAnswer
         # Every statement: an answer within the bound, or its connection is cut.
         self.answers = AnswerWatch(bound=max(wait, MIN_ANSWER_WAIT))
-        watched = self.answers.cursor_class()
+        self._watched = watched = self.answers.cursor_class()
         self._retryable = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected)
         self._unreachable = (psycopg.OperationalError, NoConnectionSlot)
         self.url = url
@@ -260,7 +260,8 @@ class PostgresKV:
         what other nodes' transactions changed (postgres_feed.py)."""
         return Listener(self.url, self.channel, self.sender, on_change,
                         connect_timeout=CONNECT_TIMEOUT,
-                        application_name=application_name("feed"))
+                        application_name=application_name("feed"),
+                        cursor_factory=self._watched)
 
     def run(self, fn, *args, **kwargs):
         """Run fn(*args, **kwargs) (its own transactions) until it commits; serialization failures and
