@@ -134,7 +134,8 @@ def test_the_guard_aborts_the_connection_a_killed_daemon_left_open(mount_factory
         m.kill9()
         wait_until(lambda: dead_mount(m.mountpoint), 30,
                    "the guard to abort the dead daemon's connection")
-        assert "its FUSE connection was aborted" in m.log()
+        # The guard writes its line once the abort is done.
+        wait_until(lambda: "its FUSE connection was aborted" in m.log(), 30, "the guard's note")
     finally:
         os.close(held)
     res = m.start()
@@ -224,7 +225,7 @@ def test_the_guard_frees_a_daemon_killed_while_its_feed_waits_for_a_directory(
         assert writer.returncode != 0
         assert any(os.strerror(e) in said for e in DEAD_MOUNT), said
         wait_until(lambda: registry.exited(daemon), 30, "node A's process to exit")
-        assert "its FUSE connection was aborted" in a.log()
+        wait_until(lambda: "its FUSE connection was aborted" in a.log(), 30, "the guard's note")
     finally:
         for pid in stopped:
             try:
