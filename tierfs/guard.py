@@ -60,8 +60,8 @@ def start(pid: int, dev: int, mountpoint: str, log_path: str):
     """Start the guard of daemon `pid`. Call it from the daemon's main thread: the
     kernel tells the guard when the thread that started it exits."""
     with open(log_path, "a") as log:  # a guard that fails says why in the daemon's log
-        return subprocess.Popen(
-            [sys.executable, "-m", "tierfs.guard", str(pid), str(os.major(dev)),
+        return subprocess.Popen(  # -P: a /tierfs folder must not shadow the package
+            [sys.executable, "-P", "-m", "tierfs.guard", str(pid), str(os.major(dev)),
              str(os.minor(dev)), mountpoint, log_path],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, cwd="/")
 
