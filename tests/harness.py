@@ -71,10 +71,15 @@ class Mount:
     def kill9(self) -> None:
         """The daemon dies as by the OOM killer. Its main thread is waited for, not
         every thread: one stuck in the kernel may outlive it, which a later mount
-        or umount must cope with."""
+        or umount must cope with. Its connection guard then aborts the mount and
+        logs that into the cache dir: that is waited for too, so that a test may
+        remove the cache dir next."""
+        guard = guard_pid(self.pid)
         os.kill(self.pid, signal.SIGKILL)
         wait_until(lambda: not registry.main_thread_runs(self.pid), 30,
                    f"daemon pid {self.pid} to die")
+        if guard is not None:
+            wait_until(lambda: _gone(guard), 30, f"guard pid {guard} to finish")
         self.pid = None
 
     def remount(self, *extra) -> None:
