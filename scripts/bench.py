@@ -115,6 +115,7 @@ class Config:
     skip: tuple[str, ...] = ()
     mount_args: tuple[str, ...] = ()  # extra `tierfs mount` flags, to compare configurations
     bucket: str = "moto"  # the tierfs side's bucket: the moto server, or a file:// directory
+    compute_s: float | None = None  # W6 compute per batch; None: calibrate on the local side
 
     def runs(self, workload: str) -> bool:
         return workload not in self.skip
@@ -137,7 +138,8 @@ def make_config(args) -> Config:
                   ckpt_bytes=ckpt, mixed_write_bytes=mib(mixed * x),
                   small_files=max(200, int(files * x)), scale_files=max(1000, int(scale * x)),
                   rawget_bytes=rawget, skip=tuple(args.skip),
-                  mount_args=tuple(shlex.split(args.mount_args)), bucket=args.bucket)
+                  mount_args=tuple(shlex.split(args.mount_args)), bucket=args.bucket,
+                  compute_s=args.compute_ms / 1000 if args.compute_ms else None)
 
 
 # ---- system helpers -----------------------------------------------------------------------
@@ -438,6 +440,7 @@ class Loader:
             request(k)
         ready: dict[int, int] = {}
         busy = stall = first = 0.0
+        tenths = [0.0] * 10  # stall per tenth of the epoch's batches: where the loader waits
         for k in range(len(batches)):
             tw = time.monotonic()
             while k not in ready:
@@ -445,6 +448,7 @@ class Loader:
                 ready[b] = n
             waited = time.monotonic() - tw
             stall += waited
+            tenths[10 * k // len(batches)] += waited
             if k == 0:
                 first = waited
             ready.pop(k)
@@ -455,7 +459,7 @@ class Loader:
             busy += time.monotonic() - tc
         wall = time.monotonic() - t0
         return {"wall_s": wall, "busy_s": busy, "stall_s": stall, "first_batch_s": first,
-                "batches": len(batches), "busy_pct": 100 * busy / wall if wall else 0.0}
+                "stall_by_tenth_s": [round(x, 4) for x in tenths], "batches": len(batches), "busy_pct": 100 * busy / wall if wall else 0.0}
 
     def close(self) -> None:
         for q in self.tasks:
@@ -1060,7 +1064,8 @@ def run_all(cfg: Config, workdir: str, results: dict, stack: contextlib.ExitStac
     make_bucket(endpoint, BUCKET)
     make_bucket(endpoint, RAW_BUCKET)
     log(f"moto S3 server at {endpoint}; work dir {workdir}")
-    ctx = results["context"] = {"seed": 1234, "torch": torch_available(), "compute_s": None}
+    ctx = results["context"] = {"seed": 1234, "torch": torch_available(),
+                                "compute_s": cfg.compute_s}
     if not ctx["torch"] and cfg.runs("W6") and cfg.runs("torch"):
         log("W6 with torch DataLoader: skipped (import torch failed)")
     if cfg.runs("W2"):
@@ -1318,6 +1323,8 @@ def print_report(results: dict, rows: list[Row], cfg: Config) -> None:
     if cal:
         print(f"W6 compute per batch: {cal['compute_s'] * 1000:.2f} ms (calibrated on the "
               f"local directory, warm)")
+    elif ctx.get("compute_s"):
+        print(f"W6 compute per batch: {ctx['compute_s'] * 1000:.2f} ms (--compute-ms)")
     if cfg.runs("W6") and cfg.runs("torch") and not ctx.get("torch"):
         print("W6 with torch DataLoader: skipped (torch is not installed)")
     if results.get("drop_caches") is False:
@@ -1353,6 +1360,10 @@ def parse_args(argv=None):
                    help="bucket of the tierfs side: the moto S3 server (default), or a file:// "
                    "directory on the same disk, whose ranged reads cost only their range "
                    "(moto reads a whole object for every ranged GET, a real S3 does not)")
+    p.add_argument("--compute-ms", type=float, default=0.0,
+                   help="W6 compute per batch in ms instead of calibrating it on the local "
+                   "directory (the calibration follows the machine's speed of the moment: "
+                   "set it to compare two versions)")
     return p.parse_args(argv)
 
 

@@ -319,6 +319,11 @@ def test_descriptors_stay_valid_when_the_extents_are_evicted(pub):
         m.cli("release", m.path("f"), check=True)
         assert file_state(m, m.path("f"))["hot"] == 0
         assert not os.path.exists(hot_file(m, m.path("f"), 0))
+        # Other data fetched meanwhile reuses evicted files: never the ones still open.
+        write_file(m.path("g"), pattern(3 * E, 16))
+        m.cli("sync", m.mountpoint, "--wait", check=True)
+        m.cli("release", m.path("g"), check=True)
+        m.cli("prefetch", m.path("g"), check=True)
         before = counters(m)
         assert f.read() == data[100:]
     assert grew(before, counters(m), "cold_reads") == 0  # the old descriptors served it

@@ -4,16 +4,25 @@ Reads that the page cache can serve (RWF_NOWAIT) and pwrites (into the page
 cache) run inline on the caller's thread: faster than a thread hop. Reads that
 must go to the disk, fsync and whole-extent stores are meant for worker
 threads. Open file descriptors are cached.
+
+Evicted extent files are kept as empty spares (up to MAX_SPARES, in a directory beside
+the hot tier) and reused for the next fetched extents: on ext4 allocating an inode can
+cost ten times the rename, open and write of reusing one (see docs/architecture.md).
+A file is made a spare only when nobody else has it open (a write lease succeeds), so
+a descriptor handed out by the direct path never sees another file's data.
 """
 from __future__ import annotations
 
 import collections
 import errno
+import fcntl
 import itertools
 import os
 import resource
 
 from ..errors import FsError
+
+MAX_SPARES = 65536  # empty inodes kept for reuse (a few MiB of inode table)
 
 
 class HotStore:
@@ -27,6 +36,12 @@ class HotStore:
         self._max_open = max_open
         self._temp_ids = itertools.count()
         self.nowait = True  # the filesystem supports RWF_NOWAIT reads (until it says no)
+        self.spare_dir = root.rstrip("/") + ".spare"
+        os.makedirs(self.spare_dir, exist_ok=True)
+        # Names of empty spare files; deque appends and pops are atomic across threads.
+        self._spares = collections.deque(os.listdir(self.spare_dir))
+        self._spare_ids = itertools.count()
+        self.leases = True  # the kernel grants leases here (until it says no)
 
     def path(self, ino: int, idx: int) -> str:
         return os.path.join(self.root, f"{ino & 0xff:02x}", f"{ino:x}.{idx:x}")
@@ -151,10 +166,51 @@ class HotStore:
 
     def remove(self, ino: int, idx: int) -> None:
         self._forget_fd(ino, idx)
+        path = self.path(ino, idx)
         try:
-            os.unlink(self.path(ino, idx))
+            if not self._make_spare(path):
+                os.unlink(path)
         except FileNotFoundError:
             pass
+
+    def _make_spare(self, path: str) -> bool:
+        """Empty the file at `path` and move it among the spares, if nobody else has it
+        open (a write lease is refused while any other descriptor is open, also one in
+        another process or behind an mmap). False: unlink it instead."""
+        if not self.leases or len(self._spares) >= MAX_SPARES:
+            return False
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        try:
+            try:
+                fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+            except OSError as e:
+                if e.errno not in (errno.EAGAIN, errno.EBUSY):
+                    self.leases = False  # leases off (fs.leases-enable) or unsupported
+                return False
+            # Holding the lease: an open by anyone else now waits for its release.
+            os.ftruncate(fd, 0)
+            name = f"{os.getpid()}-{next(self._spare_ids)}"
+            os.rename(path, os.path.join(self.spare_dir, name))
+            self._spares.append(name)
+            return True
+        finally:
+            os.close(fd)  # and the lease with it
+
+    def _take_spare(self, tmp: str):
+        """A spare renamed to `tmp` and opened for writing, or None if there is none."""
+        while True:
+            try:
+                name = self._spares.pop()
+            except IndexError:
+                return None
+            try:
+                os.rename(os.path.join(self.spare_dir, name), tmp)
+            except FileNotFoundError:
+                if not os.path.isdir(os.path.dirname(tmp)):
+                    self._spares.append(name)
+                    raise  # the caller makes the directory
+                continue  # this spare is gone (removed by hand): try the next one
+            return open(tmp, "r+b")
 
     def dup_fd(self, ino: int, idx: int) -> int | None:
         """A private fd for a worker thread (the cache may close its own at any time)."""
@@ -171,10 +227,10 @@ class HotStore:
         path = self.path(ino, idx)
         tmp = f"{path}.tmp{os.getpid()}-{next(self._temp_ids)}"
         try:  # the directory is there but for the first extent in it: no stat per extent
-            f = open(tmp, "wb")
+            f = self._take_spare(tmp) or open(tmp, "wb")
         except FileNotFoundError:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            f = open(tmp, "wb")
+            f = self._take_spare(tmp) or open(tmp, "wb")
         with f:
             f.write(data)
         return tmp
