@@ -459,7 +459,8 @@ class Loader:
             busy += time.monotonic() - tc
         wall = time.monotonic() - t0
         return {"wall_s": wall, "busy_s": busy, "stall_s": stall, "first_batch_s": first,
-                "stall_by_tenth_s": [round(x, 4) for x in tenths], "batches": len(batches), "busy_pct": 100 * busy / wall if wall else 0.0}
+                "stall_by_tenth_s": [round(x, 4) for x in tenths], "batches": len(batches),
+                "busy_pct": 100 * busy / wall if wall else 0.0}
 
     def close(self) -> None:
         for q in self.tasks:

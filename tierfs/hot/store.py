@@ -196,21 +196,21 @@ class HotStore:
         finally:
             os.close(fd)  # and the lease with it
 
-    def _take_spare(self, tmp: str):
-        """A spare renamed to `tmp` and opened for writing, or None if there is none."""
+    def _take_spare(self, tmp: str) -> None:
+        """Rename a spare, if there is one, to `tmp` (opening it then creates no inode)."""
         while True:
             try:
                 name = self._spares.pop()
             except IndexError:
-                return None
+                return
             try:
                 os.rename(os.path.join(self.spare_dir, name), tmp)
+                return
             except FileNotFoundError:
                 if not os.path.isdir(os.path.dirname(tmp)):
                     self._spares.append(name)
                     raise  # the caller makes the directory
-                continue  # this spare is gone (removed by hand): try the next one
-            return open(tmp, "r+b")
+                # this spare is gone (removed by hand): try the next one
 
     def dup_fd(self, ino: int, idx: int) -> int | None:
         """A private fd for a worker thread (the cache may close its own at any time)."""
@@ -227,10 +227,12 @@ class HotStore:
         path = self.path(ino, idx)
         tmp = f"{path}.tmp{os.getpid()}-{next(self._temp_ids)}"
         try:  # the directory is there but for the first extent in it: no stat per extent
-            f = self._take_spare(tmp) or open(tmp, "wb")
+            self._take_spare(tmp)
+            f = open(tmp, "wb")
         except FileNotFoundError:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            f = self._take_spare(tmp) or open(tmp, "wb")
+            self._take_spare(tmp)
+            f = open(tmp, "wb")
         with f:
             f.write(data)
         return tmp
