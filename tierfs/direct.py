@@ -47,6 +47,7 @@ BUFFER_SIZE = 128 * 1024   # as open() on the mount buffers (the mount's st_blks
 MAX_PATHS = 256            # per request, as the daemon takes them
 RANGE = 64                 # extents the daemon hands out per file and request
 SKIP_AHEAD = 64 << 10      # a forward gap up to this between two reads is still sequential
+READALL_TAIL = 4096        # readall(): the last bytes short of this go through a copy
 NEGATIVE_TTL = 30.0        # seconds a "not a tierfs mount" or "use the mount" answer is kept
 _ANC_SPACE = socket.CMSG_SPACE(253 * array.array("i").itemsize)  # the kernel's SCM_MAX_FD
 _ZEROS = bytes(1 << 20)
@@ -334,6 +335,21 @@ class Positioned(io.RawIOBase):
         self._check_open()
         return self._pos
 
+    def readall(self) -> bytes:
+        """The rest of the file, read by the kernel straight into the bytes object
+        returned. A BufferedReader's read(n) allocates that object and hands readinto()
+        a view of it. Filling a new buffer from Python instead (zeroing it, then
+        copying it into bytes) touches every page of fresh memory in user space:
+        several times the cost of the read itself on a virtual machine
+        (docs/architecture.md § Memory)."""
+        reader = io.BufferedReader(self, buffer_size=READALL_TAIL)  # refuses a write-only one
+        try:
+            with self._lock:
+                left = max(0, self._size - self._pos)
+            return reader.read(left) if left else b""
+        finally:
+            reader.detach()  # this object stays open; its position is past what was read
+
     def seekable(self) -> bool:
         self._check_open()
         return True
@@ -485,13 +501,6 @@ class DirectFile(Positioned):
                 done += chunk
             self._pos += n
             return n
-
-    def readall(self) -> bytes:
-        with self._lock:
-            left = max(0, self._size - self._pos)
-        buf = bytearray(left)
-        n = self.readinto(buf)
-        return bytes(buf[:n]) if n < left else bytes(buf)
 
     def readable(self) -> bool:
         self._check_open()

@@ -63,7 +63,10 @@ def test_every_write_mode(pub):
         assert f.read(8) == data[E - 4:E - 2] + b"XXXX" + data[E + 2:E + 4]
         f.seek(3 * E)
         assert f.read(10) == data[3 * E:3 * E + 10]  # an extent not held: the mount
+        f.seek(E - 4)
+        rest = f.read()  # readall() over extents held and not held
     data = data[:E - 2] + b"XXXX" + data[E + 2:]
+    assert rest == data[E - 4:]
     assert read_file(p) == data
 
     with tierfs.open(m.path("rw"), "w+b") as f:
@@ -82,6 +85,8 @@ def test_every_write_mode(pub):
     after = counters(m)
     assert grew(before, after, "direct_write_files") == 6
     assert grew(before, after, "direct_write_extents") >= 6
+    with tierfs.open(p, "ab", buffering=0) as w, pytest.raises(io.UnsupportedOperation):
+        w.readall()  # write-only
 
 
 @pytest.mark.parametrize("cache", ["writeback", "no-writeback"])

@@ -286,6 +286,36 @@ def test_open_starts_the_disk_read_of_a_hot_file(mnt):
     finally:
         os.close(fd)
 
+def minor_faults(pid: int) -> int:
+    """Page faults a process took so far that needed no disk read (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[7])
+
+
+def test_large_requests_reuse_the_daemons_memory(mount_factory):
+    """Write buffers and read replies of 1 MiB come from memory the daemon reuses.
+    Fresh pages fault once each (256 per MiB), which costs more CPU than copying
+    the data (docs/architecture.md § Memory). No uploads meanwhile: an upload reads
+    whole extents into fresh mmapped buffers, as it may."""
+    m = mount_factory(args=("--upload-delay", "3600"))
+    write_file(m.path("warm-up"), pattern(8 * MiB, 16))  # the heap grows once
+    drop_page_cache(m.path("warm-up"))
+    read_file(m.path("warm-up"))
+    data = pattern(32 * MiB, 17)
+    fresh = len(data) // 4096  # what 1 MiB buffers fault if each is new memory
+
+    before = minor_faults(m.pid)
+    with open(m.path("f"), "wb") as f:
+        f.write(data)
+        os.fsync(f.fileno())  # the kernel's cached writes reach the daemon now
+    written = minor_faults(m.pid)
+    drop_page_cache(m.path("f"))  # the hot file stays cached: the daemon reads inline
+    assert read_file(m.path("f")) == data
+    read = minor_faults(m.pid)
+    assert written - before < fresh // 8, f"{written - before} faults writing 32 MiB"
+    assert read - written < fresh // 8, f"{read - written} faults reading 32 MiB"
+
+
 def test_remount_keeps_hot_data_hot(s3m):
     m = s3m()
     data = pattern(3 * MiB, 11)

@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""Whole-file reads (`open(path, "rb").read()`) by file size: through a tierfs mount
+with the builtin open(), and through tierfs.open (the direct path), with the page cache
+dropped ("hot": the data on the hot tier's disk) and kept ("warm").
+
+    python scripts/bench_read_sizes.py --dir /mnt/tierfs/bench-sizes [--reps 3]
+
+Files of 64 KiB to 16 MiB (16 MiB in all per size) are written below --dir (a
+directory on a tierfs mount, created if missing) and uploaded first. Run as root:
+"hot" drops the page cache (/proc/sys/vm/drop_caches). Printed: per size, the median
+over --reps runs of µs per file, each run reading every file of that size once.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import time
+
+import tierfs
+
+SIZES = [64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
+BYTES_PER_SIZE = 16 << 20
+
+
+def drop_caches() -> None:
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def make_files(top: str) -> dict[int, list[str]]:
+    files = {}
+    for size in SIZES:
+        d = os.path.join(top, str(size))
+        os.makedirs(d, exist_ok=True)
+        files[size] = [os.path.join(d, f"f{i}") for i in range(BYTES_PER_SIZE // size)]
+        for path in files[size]:
+            if not os.path.exists(path) or os.path.getsize(path) != size:
+                with open(path, "wb") as f:
+                    f.write(os.urandom(size))
+    subprocess.run(["tierfs", "sync", "--wait", top], check=True, capture_output=True)
+    return files
+
+
+def per_file_us(paths: list[str], opener) -> float:
+    t0 = time.perf_counter()
+    for path in paths:
+        with opener(path, "rb") as f:
+            f.read()
+    return (time.perf_counter() - t0) / len(paths) * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dir", required=True, help="a directory on a tierfs mount")
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args()
+    files = make_files(os.path.abspath(args.dir))
+    openers = (("mount", open), ("tierfs.open", tierfs.open))
+    print(f"µs per file, medians of {args.reps} (hot: page cache dropped; warm: cached)")
+    print(f"{'size':>9}" + "".join(f"{f'{name} {state}':>20}" for name, _ in openers
+                                    for state in ("hot", "warm")))
+    for size in SIZES:
+        runs: dict[tuple[str, str], list[float]] = {}
+        for _rep in range(args.reps):
+            for name, opener in openers:  # alternating: the machine's mood hits both
+                drop_caches()
+                runs.setdefault((name, "hot"), []).append(per_file_us(files[size], opener))
+                runs.setdefault((name, "warm"), []).append(per_file_us(files[size], opener))
+        print(f"{size >> 10:>6} KiB" + "".join(f"{statistics.median(v):>20.0f}"
+                                               for v in runs.values()))
+
+
+if __name__ == "__main__":
+    main()
