@@ -3,16 +3,20 @@
 with the builtin open(), and through tierfs.open (the direct path), with the page cache
 dropped ("hot": the data on the hot tier's disk) and kept ("warm").
 
-    python scripts/bench_read_sizes.py --dir /mnt/tierfs/bench-sizes [--reps 3]
+    python scripts/bench_read_sizes.py --dir /mnt/tierfs/bench-sizes [--reps 3] [--readers 1]
 
 Files of 64 KiB to 16 MiB (16 MiB in all per size) are written below --dir (a
 directory on a tierfs mount, created if missing) and uploaded first. Run as root:
-"hot" drops the page cache (/proc/sys/vm/drop_caches). Printed: per size, the median
-over --reps runs of µs per file, each run reading every file of that size once.
+"hot" drops the page cache (/proc/sys/vm/drop_caches). Each run reads every file of a
+size once, split among --readers processes. tierfs.open reads files below
+tierfs.direct.MOUNT_BELOW through the mount; here it is set to 0, so that the direct
+path is measured at every size. Printed: per size, the median over --reps runs of the
+wall time per file in µs (with several readers: the run's time over its files).
 """
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import statistics
 import subprocess
@@ -44,11 +48,25 @@ def make_files(top: str) -> dict[int, list[str]]:
     return files
 
 
-def per_file_us(paths: list[str], opener) -> float:
-    t0 = time.perf_counter()
+def read_all(paths: list[str], opener) -> None:
     for path in paths:
         with opener(path, "rb") as f:
             f.read()
+
+
+def per_file_us(paths: list[str], opener, readers: int) -> float:
+    t0 = time.perf_counter()
+    if readers == 1:
+        read_all(paths, opener)
+    else:
+        procs = [multiprocessing.Process(target=read_all, args=(paths[i::readers], opener))
+                 for i in range(readers)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+            if p.exitcode:
+                raise RuntimeError(f"a reader failed (exit code {p.exitcode})")
     return (time.perf_counter() - t0) / len(paths) * 1e6
 
 
@@ -56,10 +74,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", required=True, help="a directory on a tierfs mount")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--readers", type=int, default=1, help="reader processes")
     args = ap.parse_args()
+    multiprocessing.set_start_method("fork")
+    tierfs.direct.MOUNT_BELOW = 0
     files = make_files(os.path.abspath(args.dir))
     openers = (("mount", open), ("tierfs.open", tierfs.open))
-    print(f"µs per file, medians of {args.reps} (hot: page cache dropped; warm: cached)")
+    print(f"µs per file, {args.readers} reader(s), medians of {args.reps} (hot: page cache "
+          f"dropped; warm: cached)")
     print(f"{'size':>9}" + "".join(f"{f'{name} {state}':>20}" for name, _ in openers
                                     for state in ("hot", "warm")))
     for size in SIZES:
@@ -67,8 +89,10 @@ def main() -> None:
         for _rep in range(args.reps):
             for name, opener in openers:  # alternating: the machine's mood hits both
                 drop_caches()
-                runs.setdefault((name, "hot"), []).append(per_file_us(files[size], opener))
-                runs.setdefault((name, "warm"), []).append(per_file_us(files[size], opener))
+                hot = per_file_us(files[size], opener, args.readers)
+                warm = per_file_us(files[size], opener, args.readers)
+                runs.setdefault((name, "hot"), []).append(hot)
+                runs.setdefault((name, "warm"), []).append(warm)
         print(f"{size >> 10:>6} KiB" + "".join(f"{statistics.median(v):>20.0f}"
                                                for v in runs.values()))
 

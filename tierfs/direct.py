@@ -48,6 +48,10 @@ MAX_PATHS = 256            # per request, as the daemon takes them
 RANGE = 64                 # extents the daemon hands out per file and request
 SKIP_AHEAD = 64 << 10      # a forward gap up to this between two reads is still sequential
 READALL_TAIL = 4096        # readall(): the last bytes short of this go through a copy
+# open() reads a file smaller than this through the mount: its open, getattr and read
+# requests cost the daemon less than a control round trip, and the kernel caches its
+# pages (README, Fast path: "Reads"). open_many() batches stay direct at any size.
+MOUNT_BELOW = 1 << 20
 NEGATIVE_TTL = 30.0        # seconds a "not a tierfs mount" or "use the mount" answer is kept
 _ANC_SPACE = socket.CMSG_SPACE(253 * array.array("i").itemsize)  # the kernel's SCM_MAX_FD
 _ZEROS = bytes(1 << 20)
@@ -550,8 +554,9 @@ def _zero(out: memoryview) -> None:
 def open(file, mode: str = "rb", buffering: int = -1, encoding=None, errors=None,
          newline=None, closefd: bool = True, opener=None):
     """open() for files on a tierfs mount, read and written straight on the hot tier.
-    Binary modes: "rb" (tierfs/direct.py), "wb", "xb", "ab", "r+b", "w+b", "x+b",
-    "a+b" (tierfs/direct_writer.py); anything else is the builtin open()."""
+    Binary modes: "rb" (tierfs/direct.py; a file below MOUNT_BELOW through the mount),
+    "wb", "xb", "ab", "r+b", "w+b", "x+b", "a+b" (tierfs/direct_writer.py); anything else
+    is the builtin open()."""
     from . import direct_writer
     if (isinstance(file, int) or encoding is not None or errors is not None
             or newline is not None or not closefd or opener is not None):
@@ -561,7 +566,7 @@ def open(file, mode: str = "rb", buffering: int = -1, encoding=None, errors=None
     if mode not in _MODES:
         _note(f"mode {mode!r} (the direct path is for binary modes)")
         return io.open(file, mode, buffering, encoding, errors, newline, closefd, opener)
-    return _open_all([file], buffering)[0]
+    return _open_all([file], buffering, MOUNT_BELOW)[0]
 
 
 def open_many(files, buffering: int = -1) -> list:
@@ -571,15 +576,16 @@ def open_many(files, buffering: int = -1) -> list:
     return _open_all(list(files), buffering)
 
 
-def _open_all(files: list, buffering: int) -> list:
+def _open_all(files: list, buffering: int, mount_below: int = 0) -> list:
     out: list = [None] * len(files)
     todo: dict[_Mount, list[tuple[int, str, object]]] = {}
     try:
         for i, file in enumerate(files):
             path = os.fspath(file)
             st = os.stat(path)  # what open() raises for a missing file or a closed path
-            if not stat.S_ISREG(st.st_mode):
-                out[i] = io.open(path, "rb", buffering)  # directories and devices: open() answers
+            if not stat.S_ISREG(st.st_mode) or st.st_size < mount_below:
+                # Directories and devices: open() answers. Small files: faster so.
+                out[i] = io.open(path, "rb", buffering)
                 continue
             mount = _mount_of(path, st.st_dev)
             rel = mount.relative(os.fsdecode(path)) if mount is not None else None

@@ -32,9 +32,15 @@ NOBODY = 65534
 STAFF = 4242  # a group only the tests use
 
 
+DEFAULT_MOUNT_BELOW = tdirect.MOUNT_BELOW
+
+
 @pytest.fixture
-def pub(mount_factory):
-    """make(*mount args) -> a started Mount (64 KiB extents) below a public directory."""
+def pub(mount_factory, monkeypatch):
+    """make(*mount args) -> a started Mount (64 KiB extents) below a public directory.
+    tierfs.open takes the direct path for files of any size here (by default small
+    files go through the mount: test_small_files_are_read_through_the_mount)."""
+    monkeypatch.setattr(tdirect, "MOUNT_BELOW", 0)
     base = tempfile.mkdtemp(prefix="tierfs-direct-", dir="/tmp")
     os.chmod(base, 0o755)
     made = []
@@ -156,6 +162,29 @@ def test_contents_of_every_shape_of_file(pub):
     assert grew(before, after, "direct_requests") == len(files) + 1  # "big" asked twice
     shown = m.cli("status", m.mountpoint, check=True).stdout
     assert f"direct reads {len(files)} files opened" in shown
+
+
+def test_small_files_are_read_through_the_mount(pub, monkeypatch):
+    """By default tierfs.open reads a file below MOUNT_BELOW through the mount (cheaper
+    for the daemon than a control round trip); open_many keeps batches direct."""
+    monkeypatch.setattr(tdirect, "MOUNT_BELOW", DEFAULT_MOUNT_BELOW)
+    m = pub()
+    small, large = pattern(DEFAULT_MOUNT_BELOW - 1, 20), pattern(DEFAULT_MOUNT_BELOW, 21)
+    write_file(m.path("small"), small)
+    write_file(m.path("large"), large)
+    before = counters(m)
+    with tierfs.open(m.path("small"), "rb") as f:
+        assert isinstance(f.raw, io.FileIO) and f.read() == small
+    with tierfs.open(m.path("large"), "rb") as f:
+        assert is_direct(f) and f.read() == large
+    after = counters(m)
+    assert grew(before, after, "direct_open_files") == 1
+    files = tierfs.open_many([m.path("small")])
+    try:
+        assert is_direct(files[0]) and files[0].read() == small
+    finally:
+        files[0].close()
+    assert grew(after, counters(m), "direct_open_files") == 1
 
 
 def test_seek_tell_read_and_readinto(pub):

@@ -348,6 +348,7 @@ ACCELERATED = r"""
 import os, sys
 sys.path.insert(0, sys.argv[3])
 import tierfs  # TIERFS_ACCELERATE=1: builtins.open is routed from here on
+tierfs.direct.MOUNT_BELOW = 0  # the direct path for this small file too
 mnt, local = sys.argv[1], sys.argv[2]
 with open(os.path.join(mnt, "w.bin"), "wb") as f:
     f.write(b"written with open()")
