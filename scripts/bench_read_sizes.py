@@ -4,14 +4,17 @@ with the builtin open(), and through tierfs.open (the direct path), with the pag
 dropped ("hot": the data on the hot tier's disk) and kept ("warm").
 
     python scripts/bench_read_sizes.py --dir /mnt/tierfs/bench-sizes [--reps 3] [--readers 1]
+        [--cache-dir CACHE_DIR]
 
 Files of 64 KiB to 16 MiB (16 MiB in all per size) are written below --dir (a
 directory on a tierfs mount, created if missing) and uploaded first. Run as root:
 "hot" drops the page cache (/proc/sys/vm/drop_caches). Each run reads every file of a
 size once, split among --readers processes. tierfs.open reads files below
 tierfs.direct.MOUNT_BELOW through the mount; here it is set to 0, so that the direct
-path is measured at every size. Printed: per size, the median over --reps runs of the
-wall time per file in µs (with several readers: the run's time over its files).
+path is measured at every size. With --cache-dir (the mount's), the hot tier's own
+extent files of one-extent files are read too, with the builtin open(): the floor
+for both paths. Printed: per size, the median over --reps runs of the wall time per
+file in µs (with several readers: the run's time over its files).
 """
 from __future__ import annotations
 
@@ -48,6 +51,19 @@ def make_files(top: str) -> dict[int, list[str]]:
     return files
 
 
+def hot_files(cache_dir: str, paths: list[str]) -> list[str] | None:
+    """The hot extent files of `paths` (laid out as tierfs/hot/store.py does), or None
+    if a file has more than one extent or is not hot."""
+    out = []
+    for path in paths:
+        ino = os.stat(path).st_ino
+        base = os.path.join(cache_dir, "hot", f"{ino & 0xff:02x}", f"{ino:x}")
+        if os.path.exists(base + ".1") or not os.path.exists(base + ".0"):
+            return None
+        out.append(base + ".0")
+    return out
+
+
 def read_all(paths: list[str], opener) -> None:
     for path in paths:
         with opener(path, "rb") as f:
@@ -75,26 +91,35 @@ def main() -> None:
     ap.add_argument("--dir", required=True, help="a directory on a tierfs mount")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--readers", type=int, default=1, help="reader processes")
+    ap.add_argument("--cache-dir", help="the mount's cache dir: read its hot files too")
     args = ap.parse_args()
     multiprocessing.set_start_method("fork")
     tierfs.direct.MOUNT_BELOW = 0
     files = make_files(os.path.abspath(args.dir))
-    openers = (("mount", open), ("tierfs.open", tierfs.open))
+    ways = [("mount", open), ("tierfs.open", tierfs.open)]
+    if args.cache_dir:
+        ways.append(("hot files", open))
     print(f"µs per file, {args.readers} reader(s), medians of {args.reps} (hot: page cache "
           f"dropped; warm: cached)")
-    print(f"{'size':>9}" + "".join(f"{f'{name} {state}':>20}" for name, _ in openers
+    print(f"{'size':>9}" + "".join(f"{f'{name} {state}':>20}" for name, _ in ways
                                     for state in ("hot", "warm")))
     for size in SIZES:
+        targets = {"mount": files[size], "tierfs.open": files[size]}
+        if args.cache_dir:
+            targets["hot files"] = hot_files(args.cache_dir, files[size])
         runs: dict[tuple[str, str], list[float]] = {}
         for _rep in range(args.reps):
-            for name, opener in openers:  # alternating: the machine's mood hits both
+            for name, opener in ways:  # alternating: the machine's mood hits each alike
+                if targets[name] is None:
+                    continue
                 drop_caches()
-                hot = per_file_us(files[size], opener, args.readers)
-                warm = per_file_us(files[size], opener, args.readers)
+                hot = per_file_us(targets[name], opener, args.readers)
+                warm = per_file_us(targets[name], opener, args.readers)
                 runs.setdefault((name, "hot"), []).append(hot)
                 runs.setdefault((name, "warm"), []).append(warm)
-        print(f"{size >> 10:>6} KiB" + "".join(f"{statistics.median(v):>20.0f}"
-                                               for v in runs.values()))
+        print(f"{size >> 10:>6} KiB" + "".join(
+            f"{statistics.median(runs[(name, state)]):>20.0f}" if (name, state) in runs
+            else f"{'-':>20}" for name, _ in ways for state in ("hot", "warm")))
 
 
 if __name__ == "__main__":
