@@ -14,7 +14,8 @@ tierfs.direct.MOUNT_BELOW through the mount; here it is set to 0, so that the di
 path is measured at every size. With --cache-dir (the mount's), the hot tier's own
 extent files of one-extent files are read too, with the builtin open(): the floor
 for both paths. Printed: per size, the median over --reps runs of the wall time per
-file in µs (with several readers: the run's time over its files).
+file in µs (with several readers: the run's time over its files), then the daemon's CPU
+time per file during the warm runs (what each way costs the daemon).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import subprocess
 import time
 
 import tierfs
+from tierfs.client import daemon_info
 
 SIZES = [64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
 BYTES_PER_SIZE = 16 << 20
@@ -64,6 +66,19 @@ def hot_files(cache_dir: str, paths: list[str]) -> list[str] | None:
     return out
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time of all of a process's threads so far, in nanoseconds counted by the
+    scheduler (/proc/PID/task/TID/schedstat; /proc/PID/stat counts 10 ms ticks)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except FileNotFoundError:
+            pass  # a thread that ended meanwhile
+    return total / 1e9
+
+
 def read_all(paths: list[str], opener) -> None:
     for path in paths:
         with opener(path, "rb") as f:
@@ -95,7 +110,10 @@ def main() -> None:
     args = ap.parse_args()
     multiprocessing.set_start_method("fork")
     tierfs.direct.MOUNT_BELOW = 0
-    files = make_files(os.path.abspath(args.dir))
+    top = os.path.abspath(args.dir)
+    files = make_files(top)
+    daemon = daemon_info(top)["pid"]
+    daemon_us: dict[tuple[int, str], list[float]] = {}
     ways = [("mount", open), ("tierfs.open", tierfs.open)]
     if args.cache_dir:
         ways.append(("hot files", open))
@@ -114,12 +132,21 @@ def main() -> None:
                     continue
                 drop_caches()
                 hot = per_file_us(targets[name], opener, args.readers)
+                cpu = cpu_seconds(daemon)
                 warm = per_file_us(targets[name], opener, args.readers)
+                daemon_us.setdefault((size, name), []).append(
+                    (cpu_seconds(daemon) - cpu) / len(targets[name]) * 1e6)
                 runs.setdefault((name, "hot"), []).append(hot)
                 runs.setdefault((name, "warm"), []).append(warm)
         print(f"{size >> 10:>6} KiB" + "".join(
             f"{statistics.median(runs[(name, state)]):>20.0f}" if (name, state) in runs
             else f"{'-':>20}" for name, _ in ways for state in ("hot", "warm")))
+    print("daemon CPU µs per file in the warm runs (medians)")
+    print(f"{'size':>9}" + "".join(f"{name:>20}" for name, _ in ways))
+    for size in SIZES:
+        print(f"{size >> 10:>6} KiB" + "".join(
+            f"{statistics.median(daemon_us[(size, name)]):>20.1f}" if (size, name) in daemon_us
+            else f"{'-':>20}" for name, _ in ways))
 
 
 if __name__ == "__main__":
