@@ -8,16 +8,16 @@ kernel when they are freed. Two costs pull the threshold in opposite directions:
   8 MiB) and extents come from the heap, which seldom shrinks, so a cold epoch left the
   daemon holding about 100 MiB it no longer used.
 - Pages touched afresh. A block served by mmap is new memory each time, and every page
-  of it faults when the daemon first writes it: about 2.5 us per 4 KiB page on a virtual
-  machine, more than copying the page. A FUSE request carries up to 1 MiB; with a
-  threshold below that, each read reply and each write's buffer cost 256 faults.
+  of it faults when the daemon first writes it: on a virtual machine more than copying
+  the page costs. A FUSE request carries up to 1 MiB; with a threshold below that, each
+  read reply and each write's buffer cost 256 faults.
 
 So the threshold is fixed just above the largest FUSE request: request buffers come
 from the heap and are reused; fetched spans and whole extents above 1 MiB are mmapped
 and returned at once. The trim threshold keeps up to TRIM_THRESHOLD of freed heap at
-its top, so that the request buffers freed by one burst serve the next; it is also
-about what the heap keeps after a cold epoch beyond what the 256 KiB threshold kept
-(docs/architecture.md § Memory).
+its top, so that the request buffers freed by one burst serve the next. The price:
+fetched spans below the threshold come from the heap, and the free space they leave
+in its middle stays with the daemon (docs/architecture.md § Memory).
 """
 from __future__ import annotations
 

@@ -286,6 +286,7 @@ def test_open_starts_the_disk_read_of_a_hot_file(mnt):
     finally:
         os.close(fd)
 
+
 def minor_faults(pid: int) -> int:
     """Page faults a process took so far that needed no disk read (/proc/PID/stat)."""
     with open(f"/proc/{pid}/stat") as f:
