@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass, field
 
 from .client import daemon_info
+from . import read_pool
 from .hot import pagecache
 from .errors import UserError
 
@@ -488,23 +489,32 @@ class DirectFile(Positioned):
             E = self._E
             if n:
                 self._read_ahead(self._pos, self._pos + n)
+            pieces = []  # (descriptor, out, offset) in the range held, read together
             while done < n:
                 pos = self._pos + done
                 idx, off = divmod(pos, E)
                 chunk = min(n - done, E - off)
                 out = view[done:done + chunk]
                 if not self._lo <= idx <= self._hi:
+                    self._read(pieces)  # before their descriptors close
+                    pieces = []
                     self._load(idx)
                 if idx not in self._window:
                     _zero(out)  # a hole
+                elif self._window[idx] is None:
+                    _zero(out[_pread(self._through_mount(), out, pos):])
                 else:
-                    fd = self._window[idx]
-                    got = (_pread(fd, out, off) if fd is not None
-                           else _pread(self._through_mount(), out, pos))
-                    _zero(out[got:])  # the short tail of an extent file
+                    pieces.append((self._window[idx], out, off))
                 done += chunk
+            self._read(pieces)
             self._pos += n
             return n
+
+    @staticmethod
+    def _read(pieces: list) -> None:
+        """Read extent files (at once where a read covers several: read_pool)."""
+        for (_fd, out, _off), got in zip(pieces, read_pool.read_all(pieces)):
+            _zero(out[got:])  # the short tail of an extent file
 
     def readable(self) -> bool:
         self._check_open()
@@ -532,15 +542,7 @@ class DirectFile(Positioned):
         return f"<tierfs.DirectFile name={self.name!r} size={self._size}>"
 
 
-def _pread(fd: int, out: memoryview, offset: int) -> int:
-    """Read into `out` up to the end of the file; the number of bytes read."""
-    done = 0
-    while done < len(out):
-        n = os.preadv(fd, [out[done:]], offset + done)
-        if n == 0:
-            break
-        done += n
-    return done
+_pread = read_pool.pread_full
 
 
 def _zero(out: memoryview) -> None:

@@ -16,12 +16,14 @@ import pickle
 import shutil
 import socket
 import tempfile
+import threading
 import zipfile
 
 import pytest
 
 import tierfs
 from tierfs import direct as tdirect
+from tierfs import read_pool
 from tests.harness import cached_pages, in_child_as, wait_until, write_file
 from tierfs.hot import HotStore, pagecache
 from tests.fuse.test_tiering import pattern
@@ -217,6 +219,44 @@ def test_seek_tell_read_and_readinto(pub):
         view = memoryview(bytearray(3 * E))
         assert raw.readinto(view[:E + 7]) == E + 7 and view[:E + 7] == data[:E + 7]
         assert raw.readall() == data[E + 7:]
+
+
+def test_large_reads_read_their_extents_at_once(pub, monkeypatch):
+    """A read across several extents reads their files at once (read_pool's threads
+    and the reader's own), holes and short tails included, across the boundary of
+    the 64 descriptors held; a forked child does it with threads of its own."""
+    monkeypatch.setattr(read_pool, "PARALLEL_MIN", 1)  # 64 KiB extents: every such read
+    readers = []
+    real = read_pool.pread_full
+
+    def spy(fd, out, offset):
+        readers.append(threading.current_thread().name)
+        return real(fd, out, offset)
+
+    monkeypatch.setattr(read_pool, "pread_full", spy)
+    m = pub()
+    big = pattern(70 * E + 999, 22)  # extents 0-63 come in the first range, 64-70 later
+    write_file(m.path("big"), big)
+    sparse = write_sparse(m.path("sparse"))
+    with tierfs.open(m.path("big"), "rb", buffering=0) as f:
+        buf = bytearray(len(big) + 10)
+        assert is_direct(f) and f.readinto(buf) == len(big)
+        assert bytes(buf[:len(big)]) == big
+    assert len(readers) == 71
+    assert any(name.startswith("tierfs-read") for name in readers)
+    assert threading.current_thread().name in readers
+    with tierfs.open(m.path("sparse"), "rb", buffering=0) as f:
+        buf = bytearray(len(sparse))
+        assert f.readinto(buf) == len(sparse) and bytes(buf) == sparse
+    with tierfs.open(m.path("big"), "rb") as f:
+        f.seek(60 * E + 5)
+        assert f.read(8 * E) == big[60 * E + 5:68 * E + 5]
+
+    def read_in_child() -> bool:
+        with tierfs.open(m.path("big"), "rb") as g:
+            return is_direct(g) and g.read() == big
+
+    assert as_user(0, 0, [], read_in_child) is True
 
 
 def test_libraries_read_through_it(pub):
