@@ -20,18 +20,25 @@ PARALLEL_MIN = 2 << 20    # below this, a read across two extents is not worth a
 
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
-_pool_pid = 0
 
 
 def _executor() -> ThreadPoolExecutor:
-    global _pool, _pool_pid
+    global _pool
     with _lock:
-        if _pool is None or _pool_pid != os.getpid():
-            # A pool inherited over fork() has no threads: never shut it down here,
-            # its queue belongs to the parent's memory image.
+        if _pool is None:
             _pool = ThreadPoolExecutor(THREADS, thread_name_prefix="tierfs-read")
-            _pool_pid = os.getpid()
         return _pool
+
+
+def _after_fork_in_child() -> None:
+    """A child has none of its parent's threads, and a lock some other thread held
+    at the fork would stay held: it starts afresh. (The parent's pool is not shut
+    down here: its queue is a copy the child never uses.)"""
+    global _lock, _pool
+    _lock, _pool = threading.Lock(), None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def pread_full(fd: int, out: memoryview, offset: int) -> int:
