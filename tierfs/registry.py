@@ -8,10 +8,16 @@ st_dev every path inside the mount reports), and removes it on exit. A client
 trusts an entry only if its mount point still has that device number and its
 daemon is alive, so entries left by a killed daemon are ignored; `tierfs mount`
 and `tierfs umount` read them to tell a mount whose daemon died (dead_daemon).
+
+The kernel gives a device number to the next mount as soon as a mount ends, while
+its daemon may still be uploading for a while: a daemon removes only an entry that
+still names it, under a lock that registering takes too, so it never removes the
+entry of a mount that got its device number meanwhile.
 """
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 
@@ -29,6 +35,17 @@ def _entry(directory: str, dev: int) -> str:
     return os.path.join(directory, f"dev-{os.major(dev)}-{os.minor(dev)}.json")
 
 
+@contextlib.contextmanager
+def _locked(directory: str):
+    """Registering and unregistering, one at a time in this run dir."""
+    fd = os.open(os.path.join(directory, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def register(dev: int, info: dict) -> str:
     """Write the entry for the mount with device number `dev` (info names the daemon's
     pid; its start time is added, so a reused pid is not taken for it); return its path."""
@@ -36,15 +53,27 @@ def register(dev: int, info: dict) -> str:
     os.makedirs(directory, mode=0o755, exist_ok=True)
     path = _entry(directory, dev)
     tmp = f"{path}.{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(dict(info, started=_started(info["pid"])), f)
-    os.replace(tmp, path)
+    with _locked(directory):
+        with open(tmp, "w") as f:
+            json.dump(dict(info, started=_started(info["pid"])), f)
+        os.replace(tmp, path)
     return path
 
 
-def unregister(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
+def unregister(path: str, pid: int | None = None) -> None:
+    """Remove the entry at `path` if it still names the daemon `pid` (this process
+    by default): another mount may have its device number and its entry by now."""
+    pid = os.getpid() if pid is None else pid
+    try:
+        with _locked(os.path.dirname(path)):
+            with open(path) as f:
+                info = json.load(f)
+            if info.get("pid") == pid and info.get("started") in (None, _started(pid)):
+                os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, AttributeError):
+        pass  # unreadable: leave it; readers check it against live processes anyway
 
 
 def lookup(dev: int) -> dict | None:

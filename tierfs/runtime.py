@@ -277,6 +277,11 @@ class Daemon:
                 self.feed = self.shared.watch(self._on_change)
             await pyfuse3.main()
             log.info("FUSE session ended; shutting down")
+            # The kernel may give the mount's device number to the next mount from
+            # now: this daemon's registry entry and guard must not stand for it.
+            self._unregister()
+            if self.guard_process is not None:
+                self.guard_process.terminate()  # close() waits for it
             if self.feed is not None:  # no kernel to tell any more
                 feed, self.feed = self.feed, None
                 await trio.to_thread.run_sync(feed.stop)
@@ -392,13 +397,16 @@ class Daemon:
                 pyfuse3.terminate()
                 return
 
+    def _unregister(self) -> None:
+        if self._registered:
+            registry.unregister(self._registered)
+            self._registered = None
+
     def close(self) -> None:
         if self.guard_process is not None:  # a clean exit: nothing to abort
             guard.stop(self.guard_process)
             self.guard_process = None
-        if self._registered:
-            registry.unregister(self._registered)
-            self._registered = None
+        self._unregister()
         if self.mounted:
             try:
                 pyfuse3.close(unmount=True)

@@ -11,6 +11,7 @@ as the stuck thread does."""
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import platform
 import signal
@@ -157,6 +158,42 @@ def test_a_clean_unmount_stops_the_guard_and_aborts_nothing(mount_factory):
     write_file(m.path("g"), b"still works")
     assert read_file(m.path("g")) == b"still works"
     m.umount()
+
+
+def test_a_daemon_leaves_the_registry_when_its_session_ends(mount_factory, tmp_path):
+    """The kernel hands a mount's device number to the next mount as soon as the mount
+    ends, while its daemon may upload for a while yet: the daemon's registry entry
+    and guard go when its FUSE session ends, not when it exits (a late exit removed
+    the entry of the mount that got the number, and tierfs umount then took that
+    mount's live daemon for a dead one)."""
+    faults = tmp_path / "faults.json"
+    m = mount_factory(args=("--fault-file", str(faults), "--upload-delay", "600"))
+    write_file(m.path("f"), b"dirty until the final flush")
+    dev, pid, guard = mount_device(m.mountpoint), m.pid, guard_pid(m.pid)
+    assert registry.serving(dev, m.mountpoint)["pid"] == pid and guard is not None
+    bucket = m.cold_url[len("file://"):]
+    before = objects(bucket)
+    set_faults(faults, {"hang": True, "hang_ops": ["put"]})  # the final flush waits
+    subprocess.run(["fusermount3", "-u", m.mountpoint], check=True)
+    wait_until(lambda: registry.serving(dev, m.mountpoint) is None and _zombie(guard), 20,
+               "the entry and the guard to go")
+    assert registry.main_thread_runs(pid), "the daemon is still flushing"
+    assert objects(bucket) == before, "its final upload has not ended yet"
+    set_faults(faults, {})  # the upload goes on
+    wait_until(lambda: not registry.main_thread_runs(pid), 60, "the daemon to exit")
+    m.pid = None
+    assert "unmounted cleanly" in m.log()
+
+
+def objects(bucket: str) -> list[str]:
+    return sorted(os.path.join(d, f) for d, _dirs, files in os.walk(bucket) for f in files)
+
+
+def set_faults(path, conf: dict) -> None:
+    """Replace the fault file whole: a daemon must never read it half written."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(conf))
+    os.replace(tmp, path)
 
 
 @pytest.fixture

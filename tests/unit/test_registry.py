@@ -43,10 +43,34 @@ def test_an_entry_names_one_process_not_whatever_later_gets_its_pid(tmp_path, mo
     assert registry.dead_daemon(dev, mountpoint) is None
     assert registry.serving(dev, mountpoint + "-other") is None  # another mount point
 
-    entry = os.path.join(str(tmp_path / "run"), os.listdir(tmp_path / "run")[0])
+    entry, = (str(p) for p in (tmp_path / "run").glob("dev-*.json"))
     with open(entry) as f:
         recorded = json.load(f)
     with open(entry, "w") as f:  # as if this pid had been a daemon that started earlier
         json.dump(dict(recorded, started=recorded["started"] - 1), f)
     assert registry.serving(dev, mountpoint) is None
     assert registry.dead_daemon(dev, mountpoint) == os.getpid()
+
+
+def test_a_daemon_removes_only_its_own_entry(tmp_path, monkeypatch):
+    """A mount's device number goes to the next mount as soon as the mount ends, while
+    its daemon may still upload for a while: that daemon's unregister must leave the
+    entry of the new mount (a live process here) in place."""
+    monkeypatch.setattr(registry, "run_dirs", lambda: [str(tmp_path / "run")])
+    mountpoint = str(tmp_path / "mnt")
+    dev = os.makedev(0, 4343)
+    old = registry.register(dev, {"pid": os.getpid(), "socket": "/a.sock",
+                                  "mountpoint": mountpoint})
+    newer = subprocess.Popen(["sleep", "30"])
+    try:
+        new = registry.register(dev, {"pid": newer.pid, "socket": "/b.sock",
+                                      "mountpoint": mountpoint})
+        assert new == old  # one entry per device number
+        registry.unregister(old)  # the first daemon, exiting late
+        assert registry.serving(dev, mountpoint)["pid"] == newer.pid
+        registry.unregister(new, newer.pid)  # its own daemon removes it
+        assert registry.serving(dev, mountpoint) is None
+        assert not os.path.exists(new)
+    finally:
+        newer.kill()
+        newer.wait()
