@@ -109,9 +109,11 @@ class ControlledFaults(FaultyStore):
             if mtime is not None:
                 try:
                     with open(self.control_path) as f:
-                        conf = json.loads(f.read() or "{}")
+                        conf = json.loads(f.read())  # empty: truncated, not yet written
                 except (OSError, ValueError):
-                    return  # caught mid-write: read it again at the next call
+                    # Caught mid-write: read it again at the next call. Its mtime is not
+                    # kept, as the rest of the write may not change it (coarse clock).
+                    return
             self._mtime = mtime
             self.outage = bool(conf.get("outage", False))
             self.hang = bool(conf.get("hang", False))
