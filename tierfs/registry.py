@@ -4,9 +4,9 @@ Normally the virtual xattr `user.tierfs.control` answers that. A mount with
 `--no-xattr` cannot answer any xattr, and a mount whose daemon died may not answer
 at all, so every daemon also writes the same JSON to
 `<run dir>/dev-<major>-<minor>.json`, named after the mount's device number (the
-st_dev every path inside the mount reports), and removes it on exit. A client
-trusts an entry only if its mount point still has that device number and its
-daemon is alive, so entries left by a killed daemon are ignored; `tierfs mount`
+st_dev every path inside the mount reports), and removes it when its FUSE session
+ends. A client trusts an entry only if its mount point still has that device number
+and its daemon is alive, so entries left by a killed daemon are ignored; `tierfs mount`
 and `tierfs umount` read them to tell a mount whose daemon died (dead_daemon).
 
 The kernel gives a device number to the next mount as soon as a mount ends, while
