@@ -505,4 +505,6 @@ def test_a_node_that_lost_its_cache_dir_mounts_again(nodes):
     b.start()
     assert read_file(b.path("from-a")) == b"a" * 100_000
     assert read_file(b.path("from-b")) == b"b" * 100_000
-    assert _state(b.path("from-b"))["hot"] == 100_000  # fetched into the new hot tier
+    # Fetched into the new hot tier: a reader has its bytes before the install ends.
+    wait_until(lambda: _state(b.path("from-b"))["hot"] == 100_000, 30,
+               "the fetched file to be installed in the new hot tier")
