@@ -41,9 +41,22 @@ class Mount:
         self.cold_url = cold_url
         self.args = list(args)
         self.env = env
-        self.pid: int | None = None
+        self.pid = None
         self.allowed_log: list[str] = []  # regexes of ERROR lines this test provokes
         os.makedirs(self.mountpoint, exist_ok=True)
+
+    @property
+    def pid(self) -> int | None:
+        return self._pid
+
+    @pid.setter
+    def pid(self, value: int | None) -> None:
+        # Its start time too: pids (and thread ids) are reused within seconds while
+        # the suite runs, and a signal to a daemon that exited must not hit another.
+        self._pid, self._pid_started = value, None if value is None else start_time(value)
+
+    def _still_ours(self) -> bool:
+        return self._pid is not None and start_time(self._pid) == self._pid_started
 
     def path(self, *parts: str) -> str:
         return os.path.join(self.mountpoint, *parts)
@@ -74,6 +87,7 @@ class Mount:
         or umount must cope with. Its connection guard then aborts the mount and
         logs that into the cache dir: that is waited for too, so that a test may
         remove the cache dir next."""
+        assert self._still_ours(), f"daemon pid {self.pid} exited before it could be killed"
         guard = guard_pid(self.pid)
         os.kill(self.pid, signal.SIGKILL)
         wait_until(lambda: not registry.main_thread_runs(self.pid), 30,
@@ -110,13 +124,13 @@ class Mount:
             res = self.cli("umount", self.mountpoint, timeout=120)
             if res.returncode != 0:
                 subprocess.run(["fusermount3", "-u", "-z", self.mountpoint], capture_output=True)
-        if self.pid is not None:
+        if self._still_ours():  # not a later process that got its pid
             try:
                 os.kill(self.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
             _wait_gone(self.pid)
-            self.pid = None
+        self.pid = None
 
 
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.02):
@@ -191,6 +205,16 @@ def kernel_view(pid: int) -> str:
         lines.append(f"  thread {tid} ({comm}) state {state} wchan {wchan}")
         lines += [f"      {frame}" for frame in stack.splitlines()]
     return "\n".join(lines)
+
+
+def start_time(pid: int) -> int | None:
+    """When the process (or thread) `pid` started, in clock ticks after boot; None if
+    there is none."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _wait_gone(pid: int, timeout: float = 30) -> None:
