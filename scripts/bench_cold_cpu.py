@@ -32,28 +32,12 @@ import subprocess
 import time
 
 import tierfs
+from bench_read_sizes import cpu_seconds, drop_caches  # scripts/, beside this one
 from tierfs.client import daemon_info
 
 SIZE = 64 << 10
 READERS = 8
 BATCH = 32
-
-
-def drop_caches() -> None:
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
-
-
-def daemon_cpu_s(pid: int) -> float:
-    total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except FileNotFoundError:
-            pass  # a thread that ended meanwhile
-    return total / 1e9
 
 
 def daemon_system_s(pid: int) -> float:
@@ -83,7 +67,7 @@ def run(paths: list[str], top: str, way: str, pid: int, seed: int) -> tuple[floa
     if way != "hot":
         subprocess.run(["tierfs", "release", "-r", top], check=True, capture_output=True)
     drop_caches()
-    cpu0, sys0, busy0 = daemon_cpu_s(pid), daemon_system_s(pid), machine_busy_s()
+    cpu0, sys0, busy0 = cpu_seconds(pid), daemon_system_s(pid), machine_busy_s()
     t0 = time.perf_counter()
     if way == "hinted":
         tierfs.hint(order, replace=True)
@@ -97,7 +81,7 @@ def run(paths: list[str], top: str, way: str, pid: int, seed: int) -> tuple[floa
             raise RuntimeError(f"a reader failed (exit code {p.exitcode})")
     wall = time.perf_counter() - t0
     n = len(paths)
-    return (wall, (daemon_cpu_s(pid) - cpu0) / n * 1e6, (daemon_system_s(pid) - sys0) / n * 1e6,
+    return (wall, (cpu_seconds(pid) - cpu0) / n * 1e6, (daemon_system_s(pid) - sys0) / n * 1e6,
             (machine_busy_s() - busy0) / n * 1e6)
 
 

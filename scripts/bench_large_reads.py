@@ -24,16 +24,11 @@ import subprocess
 import time
 
 import tierfs
+from bench_read_sizes import drop_caches  # scripts/, beside this one
 from tierfs import read_pool
 
 HEADER = 64
 MiB = 1 << 20
-
-
-def drop_caches() -> None:
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
 
 
 def write_checkpoint(path: str, records: int, record: int) -> None:
