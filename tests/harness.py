@@ -53,10 +53,10 @@ class Mount:
     def pid(self, value: int | None) -> None:
         # Its start time too: pids (and thread ids) are reused within seconds while
         # the suite runs, and a signal to a daemon that exited must not hit another.
-        self._pid, self._pid_started = value, None if value is None else start_time(value)
+        self._pid, self._pid_started = value, None if value is None else registry.start_time(value)
 
     def _still_ours(self) -> bool:
-        return self._pid is not None and start_time(self._pid) == self._pid_started
+        return self._pid is not None and registry.start_time(self._pid) == self._pid_started
 
     def path(self, *parts: str) -> str:
         return os.path.join(self.mountpoint, *parts)
@@ -205,16 +205,6 @@ def kernel_view(pid: int) -> str:
         lines.append(f"  thread {tid} ({comm}) state {state} wchan {wchan}")
         lines += [f"      {frame}" for frame in stack.splitlines()]
     return "\n".join(lines)
-
-
-def start_time(pid: int) -> int | None:
-    """When the process (or thread) `pid` started, in clock ticks after boot; None if
-    there is none."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def _wait_gone(pid: int, timeout: float = 30) -> None:

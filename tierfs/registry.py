@@ -55,7 +55,7 @@ def register(dev: int, info: dict) -> str:
     tmp = f"{path}.{os.getpid()}"
     with _locked(directory):
         with open(tmp, "w") as f:
-            json.dump(dict(info, started=_started(info["pid"])), f)
+            json.dump(dict(info, started=start_time(info["pid"])), f)
         os.replace(tmp, path)
     return path
 
@@ -68,7 +68,7 @@ def unregister(path: str, pid: int | None = None) -> None:
         with _locked(os.path.dirname(path)):
             with open(path) as f:
                 info = json.load(f)
-            if info.get("pid") == pid and info.get("started") in (None, _started(pid)):
+            if info.get("pid") == pid and info.get("started") in (None, start_time(pid)):
                 os.unlink(path)
     except FileNotFoundError:
         pass
@@ -123,11 +123,12 @@ def _runs_as(info: dict) -> bool:
     """Whether the entry's daemon runs: its pid's main thread runs and, for entries
     that recorded it, started when the daemon did (not a later process on its pid)."""
     pid = info["pid"]
-    return main_thread_runs(pid) and info.get("started") in (None, _started(pid))
+    return main_thread_runs(pid) and info.get("started") in (None, start_time(pid))
 
 
-def _started(pid: int) -> int | None:
-    """When the process started, in clock ticks after boot (/proc/PID/stat field 22)."""
+def start_time(pid: int) -> int | None:
+    """When the process (or thread) `pid` started, in clock ticks after boot
+    (/proc/PID/stat field 22); None if there is none."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return int(f.read().rsplit(")", 1)[1].split()[19])

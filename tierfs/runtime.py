@@ -279,7 +279,7 @@ class Daemon:
             log.info("FUSE session ended; shutting down")
             # The kernel may give the mount's device number to the next mount from
             # now: this daemon's registry entry and guard must not stand for it.
-            self._unregister()
+            await trio.to_thread.run_sync(self._unregister)  # a file lock: not on the loop
             if self.guard_process is not None:
                 self.guard_process.terminate()  # close() waits for it
             if self.feed is not None:  # no kernel to tell any more
