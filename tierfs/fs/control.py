@@ -18,6 +18,7 @@ import time
 import trio
 
 from ..errors import ColdStoreError, FsError, TierfsError
+from ..fs.control_conn import ControlConn
 from ..fs.direct import DirectOpen
 from ..fs.direct_write import DirectWrite
 from ..fs.resolve import resolve_in_passes
@@ -121,7 +122,7 @@ class Reply:
     that need the socket itself (peer credentials, descriptors); one that sends the
     final line itself (along with its last data: a wakeup less) sets `finished`."""
 
-    def __init__(self, stream: trio.SocketStream, conn: dict | None = None):
+    def __init__(self, stream: ControlConn, conn: dict | None = None):
         self.stream = stream
         self.conn = {} if conn is None else conn  # per connection, across its requests
         self.finished = False
@@ -433,14 +434,15 @@ class Control:
         async with trio.open_nursery() as nursery:
             while True:
                 conn, _ = await sock.accept()
-                nursery.start_soon(self._handle, trio.SocketStream(conn))
+                stream = ControlConn(socket.socket(fileno=conn.detach()))
+                nursery.start_soon(self._handle, stream)
 
-    async def _handle(self, stream: trio.SocketStream) -> None:
+    async def _handle(self, stream: ControlConn) -> None:
         # What commands keep about the connection: the peer's credentials, and what to
         # do when it ends ("on_close": async functions of conn).
         conn: dict = {}
         try:
-            async with stream:
+            try:
                 buf = bytearray()
                 while True:
                     # A hint list's request runs to megabytes: look for the end of the
@@ -477,6 +479,8 @@ class Control:
                     # accept and no new task per file.
                     if not (req.get("keep") and cmd in self.keep_alive):
                         return
+            finally:
+                stream.close()
         except (trio.BrokenResourceError, trio.ClosedResourceError, ValueError) as e:
             log.debug("control connection dropped: %s", e)
         except Exception:

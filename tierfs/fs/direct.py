@@ -574,7 +574,7 @@ class _Line:
         try:
             anc = ([(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", self.fds))]
                    if self.fds else [])
-            sent = await self.stream.socket.sendmsg([data], anc)
+            sent = await self.stream.sendmsg([data], anc)
             if sent < len(data):  # a stream socket may take part of it; the fds went along
                 await self.stream.send_all(data[sent:])
         finally:
