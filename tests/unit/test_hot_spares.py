@@ -3,7 +3,10 @@
 On a real directory: the store's files are the thing under test."""
 from __future__ import annotations
 
+import collections
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -60,3 +63,66 @@ def test_a_new_store_takes_over_the_spares_left_behind(tmp_path):
     new = HotStore(str(tmp_path / "hot"))
     assert {put(new, i, b"y") for i in range(10, 13)} == inos
     assert list(new.scan()) and all(size == 1 for _i, _x, size, _m in new.scan())
+
+
+def test_a_spare_can_be_taken_only_once_its_lease_is_gone(tmp_path):
+    """A fetch that took a spare while the evictor still held its lease would break
+    the evictor's own lease: the spare's name is published after the lease goes."""
+    store = HotStore(str(tmp_path / "hot"))
+    if not store.leases:
+        pytest.skip("the kernel refuses file leases here: evicted files are unlinked")
+    published = []
+
+    class Spares(collections.deque):
+        def append(self, name):
+            path = os.path.join(store.spare_dir, name)
+            try:  # refused at once (EWOULDBLOCK) while someone holds a lease on it
+                os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
+                published.append("free")
+            except BlockingIOError:
+                published.append("leased")
+            super().append(name)
+
+    store._spares = Spares(store._spares)
+    put(store, 1, b"a" * 5000)
+    store.remove(1, 0)
+    assert published == ["free"]
+
+
+LEASE_BREAK = """
+import fcntl, os, sys, threading, time
+from tierfs.hot import store as hot_store
+
+store = hot_store.HotStore(sys.argv[1])
+if not store.leases:
+    print("no leases"); sys.exit(0)
+store.install_temp(store.write_temp(1, 0, b"a" * 5000), 1, 0)
+real_ftruncate = os.ftruncate
+
+def ftruncate_while_someone_opens(fd, length):
+    # Someone opens the file while _make_spare holds its lease: the kernel starts
+    # breaking the lease (and signals this process) before the truncate goes on.
+    path = store.path(1, 0)
+    threading.Thread(target=lambda: os.close(os.open(path, os.O_RDONLY)), daemon=True).start()
+    deadline = time.monotonic() + 30
+    while fcntl.fcntl(fd, fcntl.F_GETLEASE) == fcntl.F_WRLCK:  # until the break begins
+        assert time.monotonic() < deadline, "the lease was never broken"
+        time.sleep(0.001)
+    real_ftruncate(fd, length)
+
+hot_store.os.ftruncate = ftruncate_while_someone_opens
+store.remove(1, 0)
+print("alive")
+"""
+
+
+def test_a_lease_break_does_not_end_the_process(tmp_path):
+    """The kernel announces a lease break with SIGIO, whose default action ends the
+    process: a daemon whose evicted file someone opened at that moment died without a
+    word. In a child process, so that a failure cannot take the tests down."""
+    res = subprocess.run([sys.executable, "-c", LEASE_BREAK, str(tmp_path / "hot")],
+                         capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    if res.stdout.strip() == "no leases":
+        pytest.skip("the kernel refuses file leases here: evicted files are unlinked")
+    assert (res.returncode, res.stdout.strip()) == (0, "alive"), res.stderr

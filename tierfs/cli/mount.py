@@ -65,6 +65,9 @@ class DaemonLog:
         # is waiting for, without stopping it.
         self._stacks = open(self.path, "a")
         faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True)
+        # A crash in C code (SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL) leaves every
+        # thread's stack in the log, not a daemon gone without a word.
+        faulthandler.enable(file=self._stacks, all_threads=True)
 
 
 def run_daemon(cfg: MountConfig) -> int:

@@ -9,7 +9,9 @@ Evicted extent files are kept as empty spares (up to MAX_SPARES, in a directory 
 the hot tier) and reused for the next fetched extents: on ext4 allocating an inode can
 cost ten times the rename, open and write of reusing one (see docs/architecture.md).
 A file is made a spare only when nobody else has it open (a write lease succeeds), so
-a descriptor handed out by the direct path never sees another file's data.
+a descriptor handed out by the direct path never sees another file's data. The lease
+is let go before the spare can be taken, and the store ignores SIGIO, by which the
+kernel announces an open that breaks a lease (its default action ends the process).
 """
 from __future__ import annotations
 
@@ -19,10 +21,27 @@ import fcntl
 import itertools
 import os
 import resource
+import signal
 
 from ..errors import FsError
 
 MAX_SPARES = 65536  # empty inodes kept for reuse (a few MiB of inode table)
+
+
+def _ignore_lease_breaks() -> bool:
+    """A lease break (someone opens a file while _make_spare holds its lease, for the
+    microseconds of a truncate and a rename) is announced by SIGIO, whose default
+    action ends the process: a daemon would die with no word in its log. Ignored,
+    the opener just waits for the lease to go. Signal handlers can only be set from
+    the main thread: a store made elsewhere takes no leases (evicted files are
+    unlinked, not kept as spares). True if leases may be used."""
+    if signal.getsignal(signal.SIGIO) == signal.SIG_IGN:
+        return True
+    try:
+        signal.signal(signal.SIGIO, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        return False
+    return True
 
 
 class HotStore:
@@ -41,7 +60,9 @@ class HotStore:
         # Names of empty spare files; deque appends and pops are atomic across threads.
         self._spares = collections.deque(os.listdir(self.spare_dir))
         self._spare_ids = itertools.count()
-        self.leases = True  # the kernel grants leases here (until it says no)
+        # The kernel grants leases here (until it says no), and a lease break cannot
+        # kill this process (_ignore_lease_breaks).
+        self.leases = _ignore_lease_breaks()
 
     def path(self, ino: int, idx: int) -> str:
         return os.path.join(self.root, f"{ino & 0xff:02x}", f"{ino:x}.{idx:x}")
@@ -191,10 +212,11 @@ class HotStore:
             os.ftruncate(fd, 0)
             name = f"{os.getpid()}-{next(self._spare_ids)}"
             os.rename(path, os.path.join(self.spare_dir, name))
-            self._spares.append(name)
-            return True
         finally:
             os.close(fd)  # and the lease with it
+        # Only now may a fetch take it: its open would otherwise break our own lease.
+        self._spares.append(name)
+        return True
 
     def _take_spare(self, tmp: str) -> None:
         """Rename a spare, if there is one, to `tmp` (opening it then creates no inode)."""
