@@ -21,3 +21,31 @@ def hot_copy_matches(data, length: int, checksum: int) -> bool:
     if len(data) < length:
         data = bytes(data) + bytes(length - len(data))
     return xxh3(data) == checksum
+
+
+class HotCopyCheck:
+    """hot_copy_matches over a hot extent file fed in pieces (update), so that a
+    large one is checked without a buffer of its size."""
+
+    def __init__(self, length: int, checksum: int):
+        self.length, self.checksum = length, checksum
+        self.seen = 0
+        self._hash = xxhash.xxh3_64()
+
+    def update(self, piece) -> None:
+        self.seen += len(piece)
+        if self.seen <= self.length:
+            self._hash.update(piece)
+
+    def matches(self) -> bool:
+        if self.seen > self.length:
+            return False
+        zeros = self.length - self.seen  # a hole at the end, missing from the file
+        while zeros:
+            pad = min(zeros, len(_ZEROS))
+            self._hash.update(_ZEROS[:pad])
+            zeros -= pad
+        return self._hash.intdigest() == self.checksum
+
+
+_ZEROS = memoryview(bytes(1 << 20))

@@ -22,10 +22,23 @@ import itertools
 import os
 import resource
 import signal
+import threading
 
+from ..checksum import HotCopyCheck
 from ..errors import FsError
 
 MAX_SPARES = 65536  # empty inodes kept for reuse (a few MiB of inode table)
+CHECK_PIECE = 1 << 20  # copy_matches reads an extent file in pieces of this size
+
+_local = threading.local()
+
+
+def _read_buffer() -> memoryview:
+    """This thread's buffer for copy_matches: memory touched once, not per extent."""
+    buf = getattr(_local, "buf", None)
+    if buf is None:
+        buf = _local.buf = memoryview(bytearray(CHECK_PIECE))
+    return buf
 
 
 def _ignore_lease_breaks() -> bool:
@@ -272,9 +285,32 @@ class HotStore:
         except FileNotFoundError:
             pass
 
-    def read_whole(self, ino: int, idx: int, length: int) -> bytes:
-        with open(self.path(ino, idx), "rb") as f:
-            return f.read(length)
+    def copy_matches(self, ino: int, idx: int, length: int, checksum: int) -> bool:
+        """Whether an extent file holds the extent's `length` bytes (checksum.
+        hot_copy_matches), read in pieces into this thread's buffer (blocking: worker
+        threads). FileNotFoundError if it is missing.
+
+        One large read of a file the page cache lacks fills the cache page by page, and
+        every later read of those pages (tierfs.open, the mount) copies them at about
+        half the speed of large folios; a fresh buffer of the extent's size costs a
+        page fault per page. So the file is marked sequential and its first byte read
+        alone (a read that small starts the kernel's readahead, which then reads into
+        large folios as the pieces follow), and the pieces go to a buffer the thread
+        keeps (README, Benchmark: "After a remount")."""
+        check = HotCopyCheck(length, checksum)
+        buf = _read_buffer()
+        with open(self.path(ino, idx), "rb", buffering=0) as f:
+            try:
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            except OSError:
+                pass  # advice only
+            n = f.readinto(buf[:1])
+            while n:
+                check.update(buf[:n])
+                if check.seen > length:
+                    break  # longer than the extent: no match, nothing more to read
+                n = f.readinto(buf)
+        return check.matches()
 
     @staticmethod
     def fsync_fd(fd: int) -> None:

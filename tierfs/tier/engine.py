@@ -258,8 +258,7 @@ class Engine:
         key = (ino, idx)
 
         def check() -> bool:
-            data = self.hot.read_whole(ino, idx, ext.length + 1)
-            return hot_copy_matches(data, ext.length, ext.checksum)
+            return self.hot.copy_matches(ino, idx, ext.length, ext.checksum)
 
         try:
             ok = await trio.to_thread.run_sync(check, limiter=self.io_limiter)

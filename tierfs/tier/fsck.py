@@ -11,7 +11,7 @@ from __future__ import annotations
 import stat
 from dataclasses import dataclass, replace
 
-from ..checksum import hot_copy_matches, object_matches
+from ..checksum import object_matches
 from ..errors import ObjectNotFound
 from ..meta import scan
 from ..meta import schema as s
@@ -261,8 +261,7 @@ class Fsck:
     def verify(self, ino: int, idx: int, ext, fixes) -> None:
         hot_ok = None
         if ext.hot:
-            data = self.hot.read_whole(ino, idx, ext.length + 1)
-            hot_ok = hot_copy_matches(data, ext.length, ext.checksum)
+            hot_ok = self.hot.copy_matches(ino, idx, ext.length, ext.checksum)
             if not hot_ok:
                 self.found(f"inode {ino} extent {idx}: hot copy fails its checksum",
                            "dropped the hot copy")
