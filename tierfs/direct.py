@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 BUFFER_SIZE = 128 * 1024   # as open() on the mount buffers (the mount's st_blksize)
 MAX_PATHS = 256            # per request, as the daemon takes them
 RANGE = 64                 # extents the daemon hands out per file and request
+FIRST_RANGE = 16           # extents of a file in the answer to its open (the rest: ranges)
+ASK_AHEAD = 16             # a sequential reader this many extents from a range's end asks for the next
 SKIP_AHEAD = 64 << 10      # a forward gap up to this between two reads is still sequential
 READALL_TAIL = 4096        # readall(): the last bytes short of this go through a copy
 # open() reads a file smaller than this through the mount: its open, getattr and read
@@ -366,9 +368,9 @@ class Positioned(io.RawIOBase):
 
 class DirectFile(Positioned):
     """Raw reader over the hot extent files of one tierfs file. Extents come in
-    ranges of up to 64 descriptors; the next range is asked for when a read gets
-    there (the daemon fetches cold extents then). A range the daemon cannot give is
-    read through the mount."""
+    ranges (FIRST_RANGE with the open, then up to RANGE); the next range is asked for
+    when a read gets there, or ahead by a streaming reader (the daemon fetches cold
+    extents then). A range the daemon cannot give is read through the mount."""
 
     def __init__(self, name, path: str, mount: _Mount, res: dict, fds: list[int],
                  mount_fd: int | None = None):
@@ -386,6 +388,9 @@ class DirectFile(Positioned):
         # Sequential readers: where the last read ended, the last extent whose disk
         # read was started, and how many extents ahead to start (doubling to 16).
         self._next_pos, self._advised, self._ahead = 0, 0, 1
+        # The next range, asked for in the background by a sequential reader nearing
+        # the end of the one held: (first extent, pid that asked, Future of the answer).
+        self._next_range = None
         self._install(res, fds)
 
     def _install(self, res: dict, fds: list[int]) -> None:
@@ -395,14 +400,54 @@ class DirectFile(Positioned):
         for idx, kind in res["extents"]:
             window[int(idx)] = next(it) if kind == "fd" else None
         self._window, self._lo, self._hi = window, int(res["first"]), int(res["last"])
+        # From this extent on, a sequential reader asks for the next range ahead.
+        self._ask_at = self._hi - ASK_AHEAD if self._hi < self._last else self._last + 1
         _close_all(old)
+
+    def _range_request(self, idx: int) -> dict:
+        last = min(self._last, idx + RANGE - 1)
+        return {"ino": self._ino, "token": self._token, "first_extent": idx, "last_extent": last}
+
+    def _ask_ahead(self) -> None:
+        """Ask for the range after the one held while the reader reads on: the
+        daemon's answer (64 descriptors) takes about a millisecond."""
+        self._ask_at = self._last + 1
+        first = self._hi + 1
+        future = read_pool.in_background(_ask, self._mount, self._range_request(first))
+        self._next_range = (first, os.getpid(), future)
+
+    def _take_ahead(self, idx: int):
+        """The range asked for ahead, if it starts at `idx`: (res, fds), else None.
+        One that is not used has its descriptors closed once it comes."""
+        pending, self._next_range = self._next_range, None
+        if pending is None:
+            return None
+        first, pid, future = pending
+        if pid != os.getpid():
+            return None  # asked for by the parent of this (forked) process
+        if first != idx:
+            future.add_done_callback(_discard_range)
+            return None
+        try:
+            answer = future.result()
+        except (_Fallback, OSError, ValueError):
+            return None  # asked again now, which reports the error as it comes
+        if len(answer) != 1:
+            for _res, fds in answer:
+                _close_all(fds)
+            return None
+        return answer[0]
 
     def _load(self, idx: int) -> None:
         """Make extent `idx` part of the range held."""
-        last = min(self._last, idx + RANGE - 1)
-        req = {"ino": self._ino, "token": self._token, "first_extent": idx, "last_extent": last}
+        req = self._range_request(idx)
+        last = req["last_extent"]
         try:
-            (res, fds), = _ask(self._mount, req)
+            got = self._take_ahead(idx)
+            if got is None:
+                (res, fds), = _ask(self._mount, req)
+            else:
+                res, fds = got
             if "ino" not in res:
                 _close_all(fds)
                 raise _Fallback(res.get("use_mount") or res.get("error") or "no extents")
@@ -431,6 +476,10 @@ class DirectFile(Positioned):
             self._advise(lo, min(idx, self._hi))
             self._advised, self._ahead = idx, 1
             return
+        # Ask ahead once the reader streams (it entered two extents in a row since
+        # its last seek): not for a header read before a seek, as torch.load does.
+        if idx >= self._ask_at and self._ahead >= 4 and self._next_range is None:
+            self._ask_ahead()
         if idx < self._advised:
             return
         self._stream(max(lo, self._advised + 1), min(idx + self._ahead, self._hi))
@@ -485,8 +534,19 @@ class DirectFile(Positioned):
             self._check_open()
             view = memoryview(b).cast("B")
             n = max(0, min(len(view), self._size - self._pos))
-            done = 0
             E = self._E
+            pos = self._pos
+            idx, off = divmod(pos, E)
+            if (off + n <= E and pos == self._next_pos and idx < self._advised
+                    and self._lo <= idx <= self._hi and idx < self._ask_at and n):
+                # The common case, kept short (a warm 1 MiB read takes about 45 µs): a
+                # sequential read within one extent whose readahead is already under way.
+                fd = self._window.get(idx)
+                if fd is not None and os.preadv(fd, [view[:n]], off) == n:
+                    self._pos = self._next_pos = pos + n
+                    return n
+                # A hole, the mount, or a short extent file: the general path (again).
+            done = 0
             if n:
                 self._read_ahead(self._pos, self._pos + n)
             pieces = []  # (descriptor, out, offset) in the range held, read together
@@ -533,6 +593,9 @@ class DirectFile(Positioned):
             with self._lock:
                 _close_all([fd for fd in self._window.values() if fd is not None])
                 self._window = {}
+                pending, self._next_range = self._next_range, None
+                if pending is not None and pending[1] == os.getpid():
+                    pending[2].add_done_callback(_discard_range)
                 if self._mount_fd is not None:
                     _close_all([self._mount_fd])
                     self._mount_fd = None
@@ -543,6 +606,13 @@ class DirectFile(Positioned):
 
 
 _pread = read_pool.pread_full
+
+
+def _discard_range(future) -> None:
+    """Close the descriptors of a range asked for ahead and never used."""
+    if future.exception() is None:
+        for _res, fds in future.result():
+            _close_all(fds)
 
 
 def _zero(out: memoryview) -> None:
@@ -616,7 +686,7 @@ def _open_direct(mount: _Mount, items: list, buffering: int, out: list,
                  retry: bool = True) -> None:
     try:
         answers = _ask(mount, {"paths": [rel for _i, rel, _p in items],
-                               "max_fds": mount.max_fds})
+                               "max_fds": mount.max_fds, "first_extents": FIRST_RANGE})
     except _Fallback as e:
         if e.unreachable and retry:
             # A device number cached for a mount that is gone may now be another

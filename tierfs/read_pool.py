@@ -41,6 +41,11 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def in_background(fn, *args):
+    """fn(*args) in one of the pool's threads: a Future of its result."""
+    return _executor().submit(fn, *args)
+
+
 def pread_full(fd: int, out: memoryview, offset: int) -> int:
     """Read into `out` up to the end of the file; the number of bytes read."""
     done = 0

@@ -224,7 +224,7 @@ def test_seek_tell_read_and_readinto(pub):
 def test_large_reads_read_their_extents_at_once(pub, monkeypatch):
     """A read across several extents reads their files at once (read_pool's threads
     and the reader's own), holes and short tails included, across the boundary of
-    the 64 descriptors held; a forked child does it with threads of its own."""
+    the range of descriptors held; a forked child does it with threads of its own."""
     monkeypatch.setattr(read_pool, "PARALLEL_MIN", 1)  # 64 KiB extents: every such read
     readers = []
     real = read_pool.pread_full
@@ -235,7 +235,7 @@ def test_large_reads_read_their_extents_at_once(pub, monkeypatch):
 
     monkeypatch.setattr(read_pool, "pread_full", spy)
     m = pub()
-    big = pattern(70 * E + 999, 22)  # extents 0-63 come in the first range, 64-70 later
+    big = pattern(70 * E + 999, 22)  # extents 0-15 come with the open, 16-70 in a range
     write_file(m.path("big"), big)
     sparse = write_sparse(m.path("sparse"))
     with tierfs.open(m.path("big"), "rb", buffering=0) as f:
@@ -257,6 +257,76 @@ def test_large_reads_read_their_extents_at_once(pub, monkeypatch):
             return is_direct(g) and g.read() == big
 
     assert as_user(0, 0, [], read_in_child) is True
+
+
+def test_a_sequential_reader_gets_the_next_range_before_it_needs_it(pub, monkeypatch):
+    """A file opens with its first FIRST_RANGE extents. A reader going through it in
+    order has each next range asked for in the background, so its own thread never
+    waits for a request of its own; one that seeks away has the range asked for
+    ahead dropped and its descriptors closed; a forked child reads on without the
+    parent's pending request."""
+    asked = []
+    real = tdirect._ask
+
+    def spy(mount, req):
+        if "ino" in req:  # a range of a file opened before
+            asked.append((threading.current_thread().name, req["first_extent"]))
+        return real(mount, req)
+
+    monkeypatch.setattr(tdirect, "_ask", spy)
+    m = pub()
+    big = pattern(100 * E + 123, 31)  # ranges: 0-15 (with the open), 16-79, 80-100
+    write_file(m.path("big"), big)
+    with tierfs.open(m.path("big"), "rb", buffering=0) as f:
+        assert is_direct(f) and (f._lo, f._hi) == (0, tdirect.FIRST_RANGE - 1)
+        got = bytearray()
+        while chunk := f.read(E // 2):
+            got += chunk
+    assert bytes(got) == big
+    assert [first for _thread, first in asked] == [16, 80]
+    assert all(thread.startswith("tierfs-read") for thread, _first in asked), asked
+
+    def open_fds() -> int:
+        """Descriptors of hot extent files this process holds (the pool threads'
+        connections to the daemon, kept once made, are not counted)."""
+        held = 0
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                held += os.readlink(f"/proc/self/fd/{fd}").startswith(m.cache_dir)
+            except OSError:
+                pass  # the listing's own descriptor, closed since
+        return held
+
+    asked.clear()
+    baseline = open_fds()
+    with tierfs.open(m.path("big"), "rb", buffering=0) as f:
+        for k in range(3):  # streaming (two extents entered in a row): 16-79 asked for
+            assert f.read(E) == big[k * E:(k + 1) * E]
+        _first, _pid, answer = f._next_range
+        wait_until(answer.done, timeout=30, what="the range asked for ahead")
+        f.seek(90 * E)                         # not where that range starts
+        assert f.read(E) == big[90 * E:91 * E]
+    assert open_fds() == baseline  # the range never used came and was closed
+    assert [first for _thread, first in asked] == [16, 90]
+    with tierfs.open(m.path("big"), "rb", buffering=0) as f:  # closed with a range unused
+        for k in range(3):
+            assert f.read(E) == big[k * E:(k + 1) * E]
+        _first, _pid, answer = f._next_range
+        wait_until(answer.done, timeout=30, what="the range asked for ahead")
+        assert open_fds() >= baseline + 16 + 64  # its descriptors are here
+    assert open_fds() == baseline
+
+    with tierfs.open(m.path("big"), "rb") as f:  # buffered: raw reads of two extents
+        for k in range(6):
+            assert f.read(E) == big[k * E:(k + 1) * E]
+        wait_until(lambda: f.raw._next_range is not None, timeout=30,
+                   what="a range asked for ahead")
+
+        def read_on_in_child() -> bool:
+            return f.read() == big[6 * E:]
+
+        assert as_user(0, 0, [], read_on_in_child) is True
+        assert f.read() == big[6 * E:]
 
 
 def test_libraries_read_through_it(pub):

@@ -8,9 +8,11 @@ extents and verifies unverified hot copies through the engine, opens each hot
 extent file O_RDONLY and sends the descriptors with the reply line that describes
 them, in one sendmsg (SCM_RIGHTS).
 
-Request:  {"cmd": "direct_open", "paths": ["ds/a.bin", ...], "max_fds": 1024, "keep": true}
+Request:  {"cmd": "direct_open", "paths": ["ds/a.bin", ...], "max_fds": 1024,
+           "first_extents": 16, "keep": true}
           {"cmd": "direct_open", "ino": N, "token": T, "first_extent": K, "last_extent": L}
-          (the second form: the next range of a file opened before, by its handle;
+          (first_extents: extents of each file in its first range, at most MAX_FDS;
+          the second form: the next range of a file opened before, by its handle;
           "keep": the connection stays open for the client's next request)
 Reply:    lines {"direct": [result, ...], "fds": n}, each sent with its n descriptors,
           then {"ok": true, "files": opened}. A result is one of
@@ -305,8 +307,12 @@ class DirectOpen:
             raise TierfsError("direct_open needs a list of paths")
         if len(paths) > MAX_PATHS:
             raise TierfsError(f"direct_open takes at most {MAX_PATHS} paths per request")
-        budget = max(0, min(int(req.get("max_fds", MAX_FDS)), MAX_REQUEST_FDS))
-        return await self._open_paths(paths, creds, budget, reply)
+        try:
+            budget = max(0, min(int(req.get("max_fds", MAX_FDS)), MAX_REQUEST_FDS))
+            first = max(1, min(int(req.get("first_extents", MAX_FDS)), MAX_FDS))
+        except (TypeError, ValueError):
+            raise TierfsError("direct_open: max_fds and first_extents are numbers") from None
+        return await self._open_paths(paths, creds, budget, first, reply)
 
     def _ancestor_problem(self, creds: Creds) -> str | None:
         """The kernel checks the directories above the mount point too; where the peer
@@ -335,7 +341,8 @@ class DirectOpen:
         msg = f"{ino}:{generation}:{uid}".encode()
         return hmac.new(self._secret, msg, hashlib.sha256).hexdigest()[:32]
 
-    async def _open_paths(self, paths: list[str], creds: Creds, budget: int, reply) -> dict:
+    async def _open_paths(self, paths: list[str], creds: Creds, budget: int, first: int,
+                          reply) -> dict:
         results: list[dict | None] = [None] * len(paths)
         ranges = {}  # position -> (inode, last extent of its first range)
         for i, rel in enumerate(paths):
@@ -351,7 +358,7 @@ class DirectOpen:
                 self.stats.inc("direct_use_mount")
                 continue
             # Out of descriptors for this request: the client asks for the rest later.
-            last = min(self._last_index(node.size), MAX_FDS - 1, budget - 1)
+            last = min(self._last_index(node.size), first - 1, budget - 1)
             budget -= last + 1
             ranges[i] = (node, last)
         # Cold and unverified extents of every first range, all at once: a batch of
