@@ -49,6 +49,14 @@ class ObjectNotFound(ColdStoreError):
     """The requested object does not exist in the store."""
 
 
+class PreconditionFailed(ColdStoreError):
+    """A conditional write found the object changed (or there, or gone) since it was read."""
+
+
+class ConditionalWritesUnsupported(ColdStoreError):
+    """The object store refuses conditional writes (If-Match / If-None-Match)."""
+
+
 class ColdConfigError(ColdStoreError, UserError):
     """The store is misconfigured: missing bucket, bad credentials, bad endpoint."""
 

@@ -57,17 +57,23 @@ class DaemonCollector:
         not_found = CounterMetricFamily(
             "tierfs_s3_not_found", "Expected 'no such object' answers (not errors)",
             labels=["op"])
+        changed = CounterMetricFamily(
+            "tierfs_s3_changed", "Conditional writes that found the object changed (the "
+            "writer lease: another node wrote it first)", labels=["op"])
         for key, value in counters.items():
             if key.startswith("s3_requests:"):
                 requests.add_metric([key.split(":", 1)[1]], value)
             elif key.startswith("s3_not_found:"):
                 not_found.add_metric([key.split(":", 1)[1]], value)
+            elif key.startswith("s3_changed:"):
+                changed.add_metric([key.split(":", 1)[1]], value)
             elif key.startswith("s3_errors:"):
                 _, op, kind = key.split(":", 2)
                 errors.add_metric([op, kind], value)
         yield requests
         yield errors
         yield not_found
+        yield changed
 
         index = d.engine.index
         hot_b, miss_b = counters.get("hot_read_bytes", 0), counters.get("miss_read_bytes", 0)

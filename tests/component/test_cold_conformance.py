@@ -20,7 +20,8 @@ from tierfs.cold import ObjectStore, open_store, parse_cold_url
 from tierfs.cold.faulty import FaultyStore
 from tierfs.cold.file import TMP_SUFFIX, FileStore
 from tierfs.cold.memory import MemoryStore
-from tierfs.errors import ColdConfigError, ColdStoreError, ObjectNotFound, UserError
+from tierfs.errors import (ColdConfigError, ColdStoreError, ObjectNotFound, PreconditionFailed,
+                           UserError)
 
 MiB = 1024 * 1024
 KEY = "data/000000000000002a"
@@ -127,6 +128,30 @@ def test_overwrite_replaces_whole_object(store):
     store.put(KEY, new)
     assert store.get(KEY) == new
     assert store.size(KEY) == 1000
+
+
+def test_put_if_writes_only_over_the_version_read(store):
+    """The writer lease's compare-and-swap: a write conditional on the version read
+    (or on there being none) fails once anyone wrote the object in between."""
+    store.put_if(KEY, b"first", None)                  # only if missing: created
+    with pytest.raises(PreconditionFailed):
+        store.put_if(KEY, b"second", None)             # it is there now
+    data, v1 = store.get_versioned(KEY)
+    assert data == b"first"
+    store.put_if(KEY, b"third", v1)                    # still at v1: written
+    data, v2 = store.get_versioned(KEY)
+    assert data == b"third" and v2 != v1
+    with pytest.raises(PreconditionFailed):
+        store.put_if(KEY, b"fourth", v1)               # v1 is gone
+    store.put(KEY, b"fifth")                           # anyone's plain write
+    with pytest.raises(PreconditionFailed):
+        store.put_if(KEY, b"sixth", v2)
+    assert store.get(KEY) == b"fifth"
+    store.delete(KEY)
+    with pytest.raises(PreconditionFailed):
+        store.put_if(KEY, b"seventh", v2)              # deleted since
+    with pytest.raises(ObjectNotFound):
+        store.get_versioned(KEY)
 
 
 def test_get_missing_raises_not_found(store):

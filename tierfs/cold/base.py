@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+import xxhash
+
 # Key written and removed by check() to prove the store is writable.
 PROBE_KEY = ".tierfs-probe"
 
@@ -25,6 +27,16 @@ class ObjectStore(Protocol):
         returns whatever bytes exist, possibly b''.
         """
 
+    def get_versioned(self, key: str) -> tuple[bytes, str]:
+        """The whole object and its version: an opaque tag that changes whenever the
+        object does. Raises ObjectNotFound if the key is missing."""
+
+    def put_if(self, key: str, data: bytes, version: str | None) -> None:
+        """Store data only if the object is still at `version` (None: only if the key
+        does not exist), as one step no other writer can come between; raise
+        PreconditionFailed otherwise (ConditionalWritesUnsupported where the store
+        cannot)."""
+
     def delete(self, key: str) -> None:
         """Remove the key; a missing key is not an error."""
 
@@ -39,6 +51,12 @@ class ObjectStore(Protocol):
 
     def describe(self) -> str:
         """A human-readable URL for messages, never containing credentials."""
+
+
+def content_version(data: bytes) -> str:
+    """The version tag of stores that keep no version of their own: a hash of the
+    content (the objects written conditionally, leases, differ in every write)."""
+    return xxhash.xxh3_128_hexdigest(data)
 
 
 def check_range(offset: int, length: int | None) -> None:

@@ -57,6 +57,14 @@ class FaultyStore:
             data = bytes(flipped)
         return data
 
+    def get_versioned(self, key: str) -> tuple[bytes, str]:
+        self._enter("get")
+        return self.inner.get_versioned(key)
+
+    def put_if(self, key: str, data: bytes, version: str | None) -> None:
+        self._enter("put")
+        self.inner.put_if(key, data, version)
+
     def delete(self, key: str) -> None:
         self._enter("delete")
         self.inner.delete(key)

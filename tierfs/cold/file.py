@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat
 import uuid
 
-from tierfs.cold.base import PROBE_KEY, check_range
-from tierfs.errors import ColdConfigError, ColdStoreError, ObjectNotFound
+from tierfs.cold.base import PROBE_KEY, check_range, content_version
+from tierfs.errors import ColdConfigError, ColdStoreError, ObjectNotFound, PreconditionFailed
 
 # put() writes "<name>.<random><TMP_SUFFIX>" then renames it; list() hides these.
 TMP_SUFFIX = ".tierfs-tmp"
@@ -82,6 +83,31 @@ class FileStore:
             raise self._error("get", key, e) from e
         finally:
             os.close(fd)
+
+    def get_versioned(self, key: str) -> tuple[bytes, str]:
+        data = self.get(key)
+        return data, content_version(data)
+
+    def put_if(self, key: str, data: bytes, version: str | None) -> None:
+        """Under an exclusive flock on the key's directory, which every put_if there
+        takes (processes on one machine; a network filesystem's flock may be weaker)."""
+        directory = os.path.dirname(self._path(key))
+        try:
+            os.makedirs(directory, exist_ok=True)
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as e:
+            raise self._error("put", key, e) from e
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                current = self.get_versioned(key)[1]
+            except ObjectNotFound:
+                current = None
+            if current != version:
+                raise PreconditionFailed(f"object '{key}' in {self.describe()} changed")
+            self.put(key, data)
+        finally:
+            os.close(fd)  # and the lock with it
 
     def delete(self, key: str) -> None:
         try:

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import threading
 
-from tierfs.cold.base import check_range
-from tierfs.errors import ObjectNotFound
+from tierfs.cold.base import check_range, content_version
+from tierfs.errors import ObjectNotFound, PreconditionFailed
 
 
 class MemoryStore:
@@ -25,6 +25,18 @@ class MemoryStore:
             raise ObjectNotFound(f"object '{key}' not found in {self.describe()}")
         end = len(data) if length is None else offset + length
         return data[offset:end]
+
+    def get_versioned(self, key: str) -> tuple[bytes, str]:
+        data = self.get(key)
+        return data, content_version(data)
+
+    def put_if(self, key: str, data: bytes, version: str | None) -> None:
+        data = bytes(data)
+        with self._lock:
+            cur = self._objects.get(key)
+            if (None if cur is None else content_version(cur)) != version:
+                raise PreconditionFailed(f"object '{key}' in {self.describe()} changed")
+            self._objects[key] = data
 
     def delete(self, key: str) -> None:
         with self._lock:

@@ -3,7 +3,8 @@
 Wraps any ObjectStore. Each call is retried on transient errors (5xx, throttling,
 timeouts, resets) until it succeeds or its time budget runs out; then the last
 error is raised. Permanent errors pass straight through. Counts requests and errors
-for metrics; "not found" is counted apart (s3_not_found:OP), as it is an answer.
+for metrics; "not found" and "changed" (a conditional write lost) are counted apart
+(s3_not_found:OP, s3_changed:OP), as they are answers.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import logging
 import random
 import time
 
-from ..errors import ColdStoreError, ObjectNotFound
+from ..errors import ColdStoreError, ObjectNotFound, PreconditionFailed
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +35,13 @@ class RetryingStore:
                 if self.stats:
                     self.stats.inc(f"s3_requests:{op}")
                 return getattr(self.inner, op)(*args)
-            except ObjectNotFound:
+            except (ObjectNotFound, PreconditionFailed) as e:
                 # An answer, not an error: every first mount asks for a superblock, a
-                # lease and checkpoints that are not there yet.
+                # lease and checkpoints that are not there yet; a conditional write
+                # finds the object changed.
                 if self.stats:
-                    self.stats.inc(f"s3_not_found:{op}")
+                    kind = "not_found" if isinstance(e, ObjectNotFound) else "changed"
+                    self.stats.inc(f"s3_{kind}:{op}")
                 raise
             except ColdStoreError as e:
                 if self.stats:
@@ -60,6 +63,14 @@ class RetryingStore:
     def get(self, key: str, offset: int = 0, length: int | None = None,
             timeout: float | None = None) -> bytes:
         return self._call("get", key, offset, length, timeout=timeout)
+
+    def get_versioned(self, key: str) -> tuple[bytes, str]:
+        return self._call("get_versioned", key)
+
+    def put_if(self, key: str, data: bytes, version: str | None) -> None:
+        """Retried like put: a retry after a first try that landed finds the object
+        changed (its own write), which the caller tells apart by reading it."""
+        self._call("put_if", key, data, version)
 
     def delete(self, key: str) -> None:
         self._call("delete", key)

@@ -13,9 +13,13 @@ from botocore.config import Config
 
 from tierfs.cold import check_s3_environment
 from tierfs.cold.base import PROBE_KEY, check_range
-from tierfs.errors import ColdConfigError, ColdStoreError, ObjectNotFound
+from tierfs.errors import (ColdConfigError, ColdStoreError, ConditionalWritesUnsupported,
+                           ObjectNotFound, PreconditionFailed)
 
 _NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
+# A conditional write lost: the object changed, or another conditional write of it was
+# under way at the same moment.
+_CHANGED = {"PreconditionFailed", "ConditionalRequestConflict"}
 _DENIED = {
     "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403",
     "Forbidden", "AllAccessDisabled", "ExpiredToken", "InvalidToken",
@@ -159,6 +163,30 @@ class S3Store:
             raise self._error(e, "get", key) from e
         except bce.BotoCoreError as e:
             raise self._error(e, "get", key) from e
+
+    def get_versioned(self, key: str) -> tuple[bytes, str]:
+        try:
+            resp = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
+            return resp["Body"].read(), resp["ETag"]
+        except (bce.BotoCoreError, bce.ClientError) as e:
+            raise self._error(e, "get", key) from e
+
+    def put_if(self, key: str, data: bytes, version: str | None) -> None:
+        condition = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
+        try:
+            self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=bytes(data),
+                                    **condition)
+        except bce.ClientError as e:
+            code = str(e.response.get("Error", {}).get("Code", ""))
+            status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+            if code in _CHANGED or status in (409, 412) or (version and code in _NOT_FOUND):
+                raise PreconditionFailed(f"object '{key}' in {self.describe()} changed") from e
+            if code == "NotImplemented" or status == 501:
+                raise ConditionalWritesUnsupported(
+                    f"{self.describe()} does not support conditional writes ({code})") from e
+            raise self._error(e, "put", key) from e
+        except bce.BotoCoreError as e:
+            raise self._error(e, "put", key) from e
 
     def delete(self, key: str) -> None:
         try:

@@ -11,6 +11,13 @@ at once before `sync --wait` reports success.
 Unmounting leaves the lease in the bucket marked released, so the next mount
 knows which node wrote the filesystem last: a cache dir whose metadata another
 node has changed since is stale and must not be mounted (attach refuses it).
+
+Every write of the lease is conditional on the version read just before it
+(If-Match / If-None-Match in S3): a node never overwrites a lease another node
+wrote in between. Two nodes taking a free lease at the same moment: one wins, the
+other reads again and is refused. A renewal that loses to a takeover: the renewing
+node is fenced at once. A store without conditional writes gets plain writes (and
+a warning): the old read-then-write, where both could win.
 """
 from __future__ import annotations
 
@@ -23,12 +30,14 @@ import uuid
 
 import trio
 
-from ..errors import ColdStoreError, ObjectNotFound, UserError
+from ..errors import (ColdStoreError, ConditionalWritesUnsupported, ObjectNotFound,
+                      PreconditionFailed, UserError)
 from .state import NodeState
 
 log = logging.getLogger(__name__)
 
 LEASE_KEY = "lease.json"
+TRIES = 3  # reads and conditional writes of the lease before giving up for now
 
 
 def node_id(cache_dir: str) -> str:
@@ -53,6 +62,7 @@ class Lease:
                    "cache_dir": cache_dir, "mountpoint": mountpoint}
         self.state = state or NodeState()
         self.previous: dict | None = None  # the lease found at acquire (maybe released)
+        self._plain_writes = False  # the store refused a conditional write once
 
     @property
     def fenced(self) -> bool:
@@ -75,24 +85,60 @@ class Lease:
         except ValueError:
             return None  # a damaged lease protects nothing
 
-    def _write(self) -> None:
+    def _read_versioned(self) -> tuple[dict | None, str | None]:
+        """(the lease or None, the version of the object or None if missing)."""
+        try:
+            data, version = self.cold.get_versioned(LEASE_KEY)
+        except ObjectNotFound:
+            return None, None
+        try:
+            return json.loads(data), version
+        except ValueError:
+            return None, version  # a damaged lease protects nothing
+
+    def _body(self) -> bytes:
         now = time.time()
-        self.cold.put(LEASE_KEY, json.dumps(
-            {**self.me, "renewed": now, "renew_every": self.ttl / 3,
-             "expires": now + self.ttl}).encode())
+        return json.dumps({**self.me, "renewed": now, "renew_every": self.ttl / 3,
+                           "expires": now + self.ttl}).encode()
+
+    def _put(self, body: bytes, version: str | None) -> bool:
+        """Write the lease in place of `version` (None: there was none). False if
+        another write came between the read of `version` and this one."""
+        if self._plain_writes:
+            self.cold.put(LEASE_KEY, body)
+            return True
+        try:
+            self.cold.put_if(LEASE_KEY, body, version)
+            return True
+        except PreconditionFailed:
+            # A retried write whose first try landed finds its own lease there.
+            try:
+                return self.cold.get_versioned(LEASE_KEY)[0] == body
+            except ObjectNotFound:
+                return False
+        except ConditionalWritesUnsupported as e:
+            log.warning("%s: the writer lease is read, then written, so two nodes "
+                        "starting at the same moment could both take it", e)
+            self._plain_writes = True
+            self.cold.put(LEASE_KEY, body)
+            return True
 
     def acquire(self, force: bool = False) -> str | None:
         """Take the lease (blocking). Returns a note if a lease was taken over."""
-        cur = self.previous = self.read()
-        note = None
-        if cur and cur.get("node") != self.me["node"] and not cur.get("released"):
-            left = cur.get("expires", 0) - time.time()
-            holder = self.describe(cur)
-            if left > 0 and not force:
-                raise UserError(self._refusal(cur, left))
-            note = f"took over the lease of {holder}"
-        self._write()
-        return note
+        for _try in range(TRIES):
+            cur, version = self._read_versioned()
+            self.previous = cur
+            note = None
+            if cur and cur.get("node") != self.me["node"] and not cur.get("released"):
+                left = cur.get("expires", 0) - time.time()
+                if left > 0 and not force:
+                    raise UserError(self._refusal(cur, left))
+                note = f"took over the lease of {self.describe(cur)}"
+            if self._put(self._body(), version):
+                return note
+        raise UserError(f"the writer lease of {self.cold.describe()} changed {TRIES} times "
+                        f"while this node took it: another node is mounting it at this "
+                        f"moment; try again")
 
     def _refusal(self, cur: dict, left: float) -> str:
         """Why a live lease keeps this node out. A holder that is alive renews the
@@ -114,23 +160,47 @@ class Lease:
             return False
         return True
 
+    def renew(self) -> bool:
+        """Write the lease renewed in place of the version read (blocking); fence this
+        node if another one holds it, or wrote it between that read and this write."""
+        for _try in range(TRIES):
+            if self.fenced:
+                return False
+            cur, version = self._read_versioned()
+            if cur and cur.get("node") != self.me["node"]:
+                self.state.fence(self.describe(cur))
+                return False
+            if self._put(self._body(), version):
+                return True
+        log.warning("the writer lease changed %d times while this node renewed it; "
+                    "will retry", TRIES)
+        return True
+
     async def run(self) -> None:
         """Renew the lease every ttl/3; fence this daemon if another node took it."""
         while not self.fenced:
             await trio.sleep(self.ttl / 3)
             try:
-                if await trio.to_thread.run_sync(self.still_mine):
-                    await trio.to_thread.run_sync(self._write)
+                await trio.to_thread.run_sync(self.renew)
             except ColdStoreError as e:
                 log.warning("lease renewal failed (%s); will retry", e)
 
+    def _mine_or_free(self) -> tuple[bool, str | None]:
+        """(whether no other node holds the lease now, the version read)."""
+        cur, version = self._read_versioned()
+        return cur is None or cur.get("node") == self.me["node"], version
+
     def abandon(self) -> None:
-        """A mount refused after acquire: put back what was there (blocking)."""
+        """A mount refused after acquire: put back what was there (blocking), unless
+        another node wrote the lease since."""
         try:
+            mine, version = self._mine_or_free()
+            if not mine:
+                return
             if self.previous is None:
                 self.cold.delete(LEASE_KEY)
             else:
-                self.cold.put(LEASE_KEY, json.dumps(self.previous).encode())
+                self._put(json.dumps(self.previous).encode(), version)
         except ColdStoreError as e:
             log.warning("could not give the lease back: %s", e)
 
@@ -139,9 +209,9 @@ class Lease:
         if self.fenced:
             return
         try:
-            cur = self.read()
-            if cur is None or cur.get("node") == self.me["node"]:
-                self.cold.put(LEASE_KEY, json.dumps(
-                    {**self.me, "expires": 0, "released": True}).encode())
+            mine, version = self._mine_or_free()
+            if mine:
+                self._put(json.dumps({**self.me, "expires": 0, "released": True}).encode(),
+                          version)
         except ColdStoreError as e:
             log.warning("could not release the lease: %s", e)

@@ -1,0 +1,125 @@
+"""The writer lease's writes are conditional on the version just read: another node's
+write that lands between a read and a write wins, and the node that read is refused
+or fenced. Over the in-memory store, with another node's write put in between."""
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from tierfs.cold.memory import MemoryStore
+from tierfs.cold.retry import RetryingStore
+from tierfs.errors import ColdStoreError, ConditionalWritesUnsupported, UserError
+from tierfs.tier.lease import LEASE_KEY, Lease
+
+
+class Interleaved:
+    """A store that runs `between` (once) right after the next read of the lease:
+    another node's write landing between this node's read and its write."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.between = None
+
+    def get_versioned(self, key):
+        try:
+            return self.inner.get_versioned(key)  # the lease, or ObjectNotFound
+        finally:
+            between, self.between = self.between, None
+            if between is not None:
+                between()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def holder(store) -> str:
+    return json.loads(store.get(LEASE_KEY))["mountpoint"]
+
+
+def node(store, tmp_path, name: str) -> Lease:
+    (tmp_path / name).mkdir()
+    return Lease(store, str(tmp_path / name), f"/mnt/{name}")
+
+
+def test_a_renewal_never_overwrites_a_takeover(tmp_path):
+    bucket = MemoryStore()
+    seen_by_a = Interleaved(bucket)
+    a, b = node(seen_by_a, tmp_path, "a"), node(bucket, tmp_path, "b")
+    assert a.acquire() is None
+    seen_by_a.between = lambda: b.acquire(force=True)  # b takes over as a renews
+    assert a.renew() is False
+    assert a.fenced and holder(bucket) == "/mnt/b"
+    assert b.renew() is True and not b.fenced       # b stays the writer
+    assert holder(bucket) == "/mnt/b"
+
+
+def test_two_nodes_taking_a_free_lease_at_once_one_wins(tmp_path):
+    bucket = MemoryStore()
+    seen_by_a = Interleaved(bucket)
+    a, b = node(seen_by_a, tmp_path, "a"), node(bucket, tmp_path, "b")
+    seen_by_a.between = b.acquire                    # both read "no lease"; b writes first
+    with pytest.raises(UserError, match="mounted read-write by .*/mnt/b"):
+        a.acquire()
+    assert holder(bucket) == "/mnt/b"
+
+
+def test_release_and_abandon_leave_another_nodes_lease_alone(tmp_path):
+    bucket = MemoryStore()
+    seen_by_a = Interleaved(bucket)
+    a, b = node(seen_by_a, tmp_path, "a"), node(bucket, tmp_path, "b")
+    a.acquire()
+    seen_by_a.between = lambda: b.acquire(force=True)
+    a.release()                                      # b took it between read and write
+    assert holder(bucket) == "/mnt/b" and not json.loads(bucket.get(LEASE_KEY)).get("released")
+    a.abandon()
+    assert holder(bucket) == "/mnt/b"
+
+
+class LandsThenFails:
+    """The first conditional write lands, then its answer is lost (a transient error):
+    the retry finds the object changed by that very write."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.failed = False
+
+    def put_if(self, key, data, version):
+        self.inner.put_if(key, data, version)
+        if not self.failed:
+            self.failed = True
+            raise ColdStoreError("connection reset", transient=True)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_write_whose_first_try_landed_counts_as_done(tmp_path):
+    bucket = MemoryStore()
+    flaky = LandsThenFails(bucket)
+    a = node(RetryingStore(flaky, timeout=10, base=0.001, cap=0.01), tmp_path, "a")
+    assert a.acquire() is None and flaky.failed
+    assert holder(bucket) == "/mnt/a" and a.renew() is True
+
+
+class NoConditionalWrites:
+    def __init__(self, inner):
+        self.inner = inner
+
+    def put_if(self, key, data, version):
+        raise ConditionalWritesUnsupported("s3://old does not support conditional writes")
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_store_without_conditional_writes_gets_plain_ones_and_a_warning(tmp_path, caplog):
+    bucket = MemoryStore()
+    a = node(NoConditionalWrites(bucket), tmp_path, "a")
+    with caplog.at_level(logging.WARNING, logger="tierfs.tier.lease"):
+        assert a.acquire() is None
+        assert a.renew() is True
+    assert holder(bucket) == "/mnt/a"
+    warnings = [r for r in caplog.records if "both take it" in r.getMessage()]
+    assert len(warnings) == 1  # said once, not at every renewal
