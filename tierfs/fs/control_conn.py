@@ -27,25 +27,27 @@ class ControlConn:
         self._streak = 0
         self._sending = False
 
-    async def _turn(self) -> None:
-        """Count a call done without waiting; yield once MAX_STREAK were."""
-        self._streak += 1
-        if self._streak >= MAX_STREAK:
-            self._streak = 0
-            await trio.lowlevel.checkpoint()
-
-    async def receive_some(self, max_bytes: int) -> bytes:
+    async def _call(self, call, wait):
+        """call() on the socket, waiting with `wait` while it would block; then a turn
+        counted (a yield every MAX_STREAK calls made without waiting)."""
         while True:
             try:
-                data = self.socket.recv(max_bytes)
+                result = call()
             except BlockingIOError:
                 self._streak = 0
-                await trio.lowlevel.wait_readable(self.socket)
+                await wait(self.socket)
                 continue
             except OSError as e:
                 raise trio.BrokenResourceError(str(e)) from e
-            await self._turn()
-            return data
+            self._streak += 1
+            if self._streak >= MAX_STREAK:
+                self._streak = 0
+                await trio.lowlevel.checkpoint()
+            return result
+
+    async def receive_some(self, max_bytes: int) -> bytes:
+        return await self._call(lambda: self.socket.recv(max_bytes),
+                                trio.lowlevel.wait_readable)
 
     async def sendmsg(self, buffers: list, ancdata=()) -> int:
         """Bytes sent of `buffers` (the descriptors in `ancdata` go with the first
@@ -54,20 +56,10 @@ class ControlConn:
             raise trio.BusyResourceError("another task is sending on this connection")
         self._sending = True
         try:
-            while True:
-                try:
-                    sent = self.socket.sendmsg(buffers, ancdata)
-                except BlockingIOError:
-                    self._streak = 0
-                    await trio.lowlevel.wait_writable(self.socket)
-                    continue
-                except OSError as e:
-                    raise trio.BrokenResourceError(str(e)) from e
-                break
+            return await self._call(lambda: self.socket.sendmsg(buffers, ancdata),
+                                    trio.lowlevel.wait_writable)
         finally:
             self._sending = False
-        await self._turn()
-        return sent
 
     async def send_all(self, data: bytes) -> None:
         view = memoryview(data)
