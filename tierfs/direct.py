@@ -410,7 +410,7 @@ class DirectFile(Positioned):
 
     def _ask_ahead(self) -> None:
         """Ask for the range after the one held while the reader reads on: the
-        daemon's answer (64 descriptors) takes about a millisecond."""
+        daemon checks and opens 64 extent files for its answer."""
         self._ask_at = self._last + 1
         first = self._hi + 1
         future = read_pool.in_background(_ask, self._mount, self._range_request(first))
