@@ -25,18 +25,16 @@ import time
 
 import tierfs
 from bench_read_sizes import drop_caches  # scripts/, beside this one
+from bench_workers import read_whole
 
 MiB = 1 << 20
 WAYS = ("local", "tierfs.open", "mount")
 
 
-def read_whole(path: str, opener) -> float:
-    buf = memoryview(bytearray(MiB))
-    total = 0
+def read_rate(path: str, opener) -> float:
+    """MiB/s of one read of the whole file in 1 MiB reads."""
     t0 = time.perf_counter()
-    with opener(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            total += n
+    total = read_whole(path, bytearray(MiB), opener)
     return total / MiB / (time.perf_counter() - t0)
 
 
@@ -74,7 +72,7 @@ def main() -> None:
                     drop_caches()
                     tierfs_cli(*mount)
                     path, opener = on_mount, tierfs.open if way == "tierfs.open" else open
-                results[way].append((read_whole(path, opener), read_whole(path, opener)))
+                results[way].append((read_rate(path, opener), read_rate(path, opener)))
     finally:
         subprocess.run(["tierfs", "umount", mnt], capture_output=True, timeout=300)
         shutil.rmtree(top, ignore_errors=True)

@@ -28,6 +28,7 @@ import time
 import tierfs
 import tierfs.direct
 from bench_read_sizes import cpu_seconds  # scripts/, beside this one
+from bench_workers import read_whole
 from tierfs.client import daemon_info
 
 SIZE = 64 << 10
@@ -37,24 +38,15 @@ WAYS = ("mount", "open", "open_many")
 
 def read_all(paths: list[str], way: str) -> int:
     buf = bytearray(1 << 20)
-
-    def whole(f) -> int:
-        total = 0
-        while n := f.readinto(buf):
-            total += n
-        return total
-
+    if way != "open_many":
+        opener = open if way == "mount" else tierfs.open
+        return sum(read_whole(path, buf, opener) for path in paths)
     total = 0
-    if way == "open_many":
-        for at in range(0, len(paths), BATCH):
-            for f in tierfs.open_many(paths[at:at + BATCH], buffering=0):
-                with f:
-                    total += whole(f)
-        return total
-    opener = open if way == "mount" else tierfs.open
-    for path in paths:
-        with opener(path, "rb", buffering=0) as f:
-            total += whole(f)
+    for at in range(0, len(paths), BATCH):
+        for f in tierfs.open_many(paths[at:at + BATCH], buffering=0):
+            with f:
+                while n := f.readinto(buf):
+                    total += n
     return total
 
 

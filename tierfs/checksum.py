@@ -16,16 +16,14 @@ def hot_copy_matches(data, length: int, checksum: int) -> bool:
     """A hot extent file holds the object's bytes, except that a hole at its end
     may be missing from the file (the object stores those zeros). Read at least
     length + 1 bytes so that a file longer than the object is caught."""
-    if len(data) > length:
-        return False
-    if len(data) < length:
-        data = bytes(data) + bytes(length - len(data))
-    return xxh3(data) == checksum
+    check = HotCopyCheck(length, checksum)
+    check.update(data)
+    return check.matches()
 
 
 class HotCopyCheck:
-    """hot_copy_matches over a hot extent file fed in pieces (update), so that a
-    large one is checked without a buffer of its size."""
+    """The check of hot_copy_matches on a hot extent file fed in pieces (update), so
+    that a large one is checked without a buffer of its size."""
 
     def __init__(self, length: int, checksum: int):
         self.length, self.checksum = length, checksum

@@ -70,10 +70,8 @@ def unregister(path: str, pid: int | None = None) -> None:
                 info = json.load(f)
             if info.get("pid") == pid and info.get("started") in (None, start_time(pid)):
                 os.unlink(path)
-    except FileNotFoundError:
-        pass
     except (OSError, ValueError, AttributeError):
-        pass  # unreadable: leave it; readers check it against live processes anyway
+        pass  # gone, or unreadable: leave it; readers check it against live processes
 
 
 def lookup(dev: int) -> dict | None:

@@ -375,7 +375,8 @@ class Daemon:
         # Clients of a --no-xattr mount find the daemon here, and a later mount or
         # umount tells from it whether a mount that hangs had its daemon die.
         try:
-            self._registered = registry.register(st.st_dev, self.control.info())
+            self._registered = await trio.to_thread.run_sync(  # a file lock: not on the loop
+                registry.register, st.st_dev, self.control.info())
         except OSError as e:
             if not self.cfg.xattr:
                 raise  # its clients could not find it

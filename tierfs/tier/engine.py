@@ -257,11 +257,9 @@ class Engine:
     async def _verify(self, ino: int, idx: int, ext: Extent) -> bool:
         key = (ino, idx)
 
-        def check() -> bool:
-            return self.hot.copy_matches(ino, idx, ext.length, ext.checksum)
-
         try:
-            ok = await trio.to_thread.run_sync(check, limiter=self.io_limiter)
+            ok = await trio.to_thread.run_sync(self.hot.copy_matches, ino, idx, ext.length,
+                                               ext.checksum, limiter=self.io_limiter)
         except FileNotFoundError:
             ok = False
         _n, exts = self.meta.get_extents(ino, idx, idx)

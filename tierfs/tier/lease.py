@@ -78,12 +78,7 @@ class Lease:
         return bool(self.previous) and self.previous.get("node") != self.me["node"]
 
     def read(self) -> dict | None:
-        try:
-            return json.loads(self.cold.get(LEASE_KEY))
-        except ObjectNotFound:
-            return None
-        except ValueError:
-            return None  # a damaged lease protects nothing
+        return self._read_versioned()[0]
 
     def _read_versioned(self) -> tuple[dict | None, str | None]:
         """(the lease or None, the version of the object or None if missing)."""
@@ -154,11 +149,14 @@ class Lease:
         """Read the lease (blocking); fence this node if another one holds it."""
         if self.fenced:
             return False
-        cur = self.read()
+        return not self._fenced_by(self.read())
+
+    def _fenced_by(self, cur: dict | None) -> bool:
+        """Fence this node if the lease `cur` is another node's; True if so."""
         if cur and cur.get("node") != self.me["node"]:
             self.state.fence(self.describe(cur))
-            return False
-        return True
+            return True
+        return False
 
     def renew(self) -> bool:
         """Write the lease renewed in place of the version read (blocking); fence this
@@ -167,8 +165,7 @@ class Lease:
             if self.fenced:
                 return False
             cur, version = self._read_versioned()
-            if cur and cur.get("node") != self.me["node"]:
-                self.state.fence(self.describe(cur))
+            if self._fenced_by(cur):
                 return False
             if self._put(self._body(), version):
                 return True
