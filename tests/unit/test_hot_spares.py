@@ -126,3 +126,29 @@ def test_a_lease_break_does_not_end_the_process(tmp_path):
     if res.stdout.strip() == "no leases":
         pytest.skip("the kernel refuses file leases here: evicted files are unlinked")
     assert (res.returncode, res.stdout.strip()) == (0, "alive"), res.stderr
+
+
+def test_a_spare_left_with_bytes_in_it_keeps_none_of_them(tmp_path):
+    """Spares are emptied when made, so a temp file is opened without O_TRUNC (ext4
+    would otherwise push its bytes to the disk at close, in the worker thread); one
+    found with bytes in it (put there by hand) is cut to the extent's length."""
+    (tmp_path / "hot.spare").mkdir()
+    (tmp_path / "hot.spare" / "left").write_bytes(b"z" * 9000)
+    store = HotStore(str(tmp_path / "hot"))
+    opened = []
+    real_open = os.open
+
+    def record(path, flags, *args):
+        opened.append(flags)
+        return real_open(path, flags, *args)
+
+    store_module = sys.modules[HotStore.__module__]
+    store_module.os.open = record
+    try:
+        put(store, 1, b"a" * 3000)
+    finally:
+        store_module.os.open = real_open
+    with open(store.path(1, 0), "rb") as f:
+        assert f.read() == b"a" * 3000
+    assert spares(store) == []  # the one left there was used
+    assert len(opened) == 1 and not opened[0] & os.O_TRUNC

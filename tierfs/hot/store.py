@@ -28,6 +28,11 @@ from ..checksum import HotCopyCheck
 from ..errors import FsError
 
 MAX_SPARES = 65536  # empty inodes kept for reuse (a few MiB of inode table)
+# A temp file is opened without O_TRUNC: a spare is empty already, and on ext4 a
+# truncate to zero marks a file as being replaced, so the close after its writes would
+# push them to the disk at once, in the worker thread (auto_da_alloc), instead of
+# leaving them to the kernel's writeback.
+TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC
 CHECK_PIECE = 1 << 20  # copy_matches reads an extent file in pieces of this size
 
 _local = threading.local()
@@ -263,13 +268,15 @@ class HotStore:
         tmp = f"{path}.tmp{os.getpid()}-{next(self._temp_ids)}"
         try:  # the directory is there but for the first extent in it: no stat per extent
             self._take_spare(tmp)
-            f = open(tmp, "wb")
+            fd = os.open(tmp, TEMP_FLAGS, 0o600)
         except FileNotFoundError:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             self._take_spare(tmp)
-            f = open(tmp, "wb")
-        with f:
+            fd = os.open(tmp, TEMP_FLAGS, 0o600)
+        with open(fd, "wb") as f:
             f.write(data)
+            if os.fstat(fd).st_size > len(data):  # a spare someone else left non-empty
+                f.truncate(len(data))
         return tmp
 
     def install_temp(self, tmp: str, ino: int, idx: int) -> None:
