@@ -31,13 +31,13 @@ from contextlib import ExitStack
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tests.fsx import (DEFAULT_WEIGHTS, LEGACY_WEIGHTS, MMAP_HEAVY_WEIGHTS,  # noqa: E402
-                       Fsx, FsxFailure, MiB)
+from tests.fsx import (DEFAULT_WEIGHTS, DIRECT_WEIGHTS, LEGACY_WEIGHTS,  # noqa: E402
+                       MMAP_HEAVY_WEIGHTS, Fsx, FsxFailure, MiB)
 from tests.harness import Mount  # noqa: E402
 from tests.moto_server import make_bucket, moto_server, s3_env  # noqa: E402
 
 WEIGHTS = {"default": DEFAULT_WEIGHTS, "mmap-heavy": MMAP_HEAVY_WEIGHTS,
-           "legacy": LEGACY_WEIGHTS}
+           "legacy": LEGACY_WEIGHTS, "direct": DIRECT_WEIGHTS}
 
 # name -> backend, mount args, file size, extent size (must match the mount), weights
 CONFIGS: dict[str, dict] = {
@@ -68,6 +68,27 @@ CONFIGS: dict[str, dict] = {
     "file-1m-4m-24m": dict(backend="file", file_mib=24, extent_mib=1, weights="default",
                            args=["--extent-size", "1M", "--cache-size", "4M",
                                  "--upload-delay", "0.05", "--checkpoint-interval", "1"]),
+    # The direct path's reads and writes between the mount's ops, on a hot tier a sixth
+    # of the file (evictions under held descriptors), with and without the writeback cache.
+    "s3-1m-4m-24m-direct": dict(backend="s3", file_mib=24, extent_mib=1, weights="direct",
+                                args=["--extent-size", "1M", "--cache-size", "4M",
+                                      "--upload-delay", "0.05", "--checkpoint-interval", "0"]),
+    "file-1m-4m-24m-direct-nowb": dict(backend="file", file_mib=24, extent_mib=1,
+                                       weights="direct",
+                                       args=["--extent-size", "1M", "--cache-size", "4M",
+                                             "--upload-delay", "0.05",
+                                             "--checkpoint-interval", "1",
+                                             "--no-writeback-cache"]),
+    "file-1m-8m-24m-packed-direct": dict(backend="file", file_mib=24, extent_mib=1,
+                                         weights="direct",
+                                         args=["--extent-size", "1M", "--cache-size", "8M",
+                                               "--upload-delay", "0.05",
+                                               "--checkpoint-interval", "1",
+                                               "--pack-below", "64M", "--pack-size", "4M",
+                                               "--compact-dead", "0.2"]),
+    "file-4m-16m-64m-direct": dict(backend="file", file_mib=64, extent_mib=4, weights="direct",
+                                   args=["--cache-size", "16M", "--upload-delay", "0.2",
+                                         "--checkpoint-interval", "0"]),
     # Every extent of the file packed, 4 MiB packs, compaction of packs 20% dead: reads
     # around misses, rewrites and truncates inside packs, packs rewritten meanwhile.
     "s3-1m-8m-24m-packed": dict(backend="s3", file_mib=24, extent_mib=1, weights="default",

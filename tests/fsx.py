@@ -16,6 +16,13 @@ use it. Ops (names as used in `weights`):
   fsync        fsync or fdatasync
   reopen       close and reopen the file
   drop_cache   fsync, then posix_fadvise(DONTNEED): the next reads reach the daemon
+  direct_read  fsync (close-to-open), then a random range read through tierfs.open_many
+               (the direct path for files of every size: hot extent files' descriptors)
+  direct_write fsync, then a random range written through tierfs.open(path, "r+b")
+               (sometimes fsynced), closed, with unchecked reads of the range through
+               the mount before and after the write (they fill the kernel's cache); the
+               mount's descriptor stays open and must see the data and the size at once. A direct op that falls back to the
+               builtin open() is a failure: it would test the mount instead
 
 Offsets cluster around extent boundaries (multiples of `extent_size`) and the
 end of file; lengths go up to `max_len`. Every `check_every` ops the page cache
@@ -37,6 +44,10 @@ from dataclasses import dataclass
 KiB = 1 << 10
 MiB = 1 << 20
 
+# The default mix with the direct path's reads and writes between the mount's ops.
+DIRECT_WEIGHTS = {"write": 18, "read": 14, "mmap_read": 6, "mmap_write": 8, "copy_range": 5,
+                  "truncate": 9, "fsync": 4, "reopen": 3, "drop_cache": 6,
+                  "direct_read": 14, "direct_write": 13}
 # The historical mix of tests/fuse/test_fsx.py (no mmap writes, no copies).
 LEGACY_WEIGHTS = {"write": 34, "read": 26, "truncate": 9, "mmap_read": 6, "fsync": 8,
                   "reopen": 6, "drop_cache": 6}
@@ -58,7 +69,7 @@ class FsxFailure(AssertionError):
         super().__init__(message)
         self.seed = seed
         self.op = op
-        self.kind = kind          # "mismatch", "size", "errno", "short"
+        self.kind = kind          # "mismatch", "size", "errno", "short", "fallback"
         self.offset = offset      # first bad file offset, or the op's offset
         self.errno = err
         self.history = list(history)
@@ -110,7 +121,8 @@ class Fsx:
         return {"write": self.do_write, "read": self.do_read, "mmap_read": self.do_mmap_read,
                 "mmap_write": self.do_mmap_write, "copy_range": self.do_copy_range,
                 "truncate": self.do_truncate, "fsync": self.do_fsync, "reopen": self.do_reopen,
-                "drop_cache": self.do_drop_cache}
+                "drop_cache": self.do_drop_cache, "direct_read": self.do_direct_read,
+                "direct_write": self.do_direct_write}
 
     # ---- choosing offsets and lengths ----------------------------------------------
     def near_edge(self) -> int:
@@ -391,6 +403,50 @@ class Fsx:
         self.note("fsync+drop page cache")
         os.fsync(self.fd)
         os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+    def do_direct_read(self) -> None:
+        from tierfs.direct import DirectFile, open_many
+        off = self.offset()
+        n = self.length()
+        self.note(f"fsync + direct read off={off} len={n}", off, off + n, read=True)
+        os.fsync(self.fd)  # what this descriptor wrote is the daemon's now (close-to-open)
+        [f] = open_many([self.path], buffering=0)
+        with f:
+            if not isinstance(f, DirectFile):
+                self.fail(f"direct read was served by {type(f).__name__}, not the direct "
+                          "path", kind="fallback", offset=off)
+            f.seek(off)
+            got = bytearray()
+            while len(got) < n and (piece := f.read(n - len(got))):
+                got += piece
+        self.compare(bytes(got), off, "direct read")
+
+    def do_direct_write(self) -> None:
+        import tierfs
+        from tierfs.direct_writer import DirectWriter
+        off = self.offset()
+        n = min(self.length(), self.max_size - off)
+        data = self.rng.randbytes(n)
+        sync = self.rng.random() < 0.3
+        self.note(f"fsync + direct write off={off} len={n}" + (" + fsync" if sync else ""),
+                  off, off + n, data=data)
+        os.fsync(self.fd)
+        with tierfs.open(self.path, "r+b", buffering=0) as f:
+            if not isinstance(f, DirectWriter):
+                self.fail(f"direct write was served by {type(f).__name__}, not the direct "
+                          "path", kind="fallback", offset=off)
+            # A reader through the mount meanwhile: the kernel caches the old bytes, and
+            # after close() it must not serve them (what it reads before may be either).
+            os.pread(self.fd, n, off)
+            f.seek(off)
+            view, done = memoryview(data), 0
+            while done < n:
+                done += f.write(view[done:])
+            os.pread(self.fd, n, off)
+            if sync:
+                os.fsync(f.fileno())
+        self.model_extend(off)
+        self.model[off:off + n] = data
 
     def verify_all(self, how: str, chunk: int = 4 * MiB) -> None:
         self.check_size()

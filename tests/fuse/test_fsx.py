@@ -11,7 +11,9 @@ file), uploads start 50 ms after a write, metadata checkpoints only at unmount
 (or every second), and the mix has mmap writes with msync, copy_file_range,
 truncates down and up around extent boundaries, reads and writes of up to 1 MiB,
 reopens, fsyncs and page cache drops, on S3 (moto) and on file://, with and
-without the kernel's writeback cache. After the run: a full verify, a remount,
+without the kernel's writeback cache. Two cases put the direct path's reads and
+writes (tierfs.open_many, tierfs.open "r+b") between the mount's ops on the same
+file, on a hot tier a sixth of its size. After the run: a full verify, a remount,
 and a full verify again.
 
 A failure names the seed, the op index and the first differing offset, and
@@ -24,7 +26,8 @@ import os
 
 import pytest
 
-from tests.fsx import DEFAULT_WEIGHTS, LEGACY_WEIGHTS, MMAP_HEAVY_WEIGHTS, Fsx, MiB
+from tests.fsx import (DEFAULT_WEIGHTS, DIRECT_WEIGHTS, LEGACY_WEIGHTS, MMAP_HEAVY_WEIGHTS,
+                       Fsx, MiB)
 from tests.moto_server import s3_env
 
 N_OPS = 2000
@@ -61,6 +64,9 @@ _REGIME = [
     ("s3-wb-8M-mmap-seed5", "s3", "8M", 32, [], MMAP_HEAVY_WEIGHTS, 5, 800),
     ("file-wb-3M-mmap-seed1", "file", "3M", 24, [], MMAP_HEAVY_WEIGHTS, 1, 1500),
     ("file-nowb-8M-seed6", "file", "8M", 32, ["--no-writeback-cache"], DEFAULT_WEIGHTS, 6, 1200),
+    ("s3-wb-4M-direct-seed7", "s3", "4M", 24, [], DIRECT_WEIGHTS, 7, 800),
+    ("file-nowb-4M-direct-seed8", "file", "4M", 24, ["--no-writeback-cache"], DIRECT_WEIGHTS,
+     8, 1200),
 ]
 
 
