@@ -1,7 +1,8 @@
 """Three mounts of one filesystem, as three nodes hold it: each its own mount point
 and cache dir, the namespace in one PostgreSQL schema, the data in one moto
 bucket. Close-to-open consistency, names seen across nodes, concurrent namespace
-changes against a model, a node killed with -9, PostgreSQL restarted."""
+changes and a sequence of data changes against models, a node killed with -9,
+PostgreSQL restarted."""
 from __future__ import annotations
 
 import errno
@@ -22,6 +23,10 @@ NODES = 3
 # (a COMMIT cut off that way has an outcome it cannot learn until the server is back).
 DATABASE_AWAY = (r"metadata database .* (did not answer within|unreachable for|"
                  r"connection lost during COMMIT)")
+
+
+def nodename(m) -> str:
+    return os.path.basename(m.mountpoint)
 
 
 @pytest.fixture
@@ -173,6 +178,78 @@ def test_concurrent_namespace_changes_match_a_model(nodes):
     assert len(left) <= sum(created) - sum(unlinked)
     r = nodes[2].cli("fsck", nodes[2].cold_url, "--meta-url", nodes[2].args[1])
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_data_changed_on_any_node_matches_a_model(mount_factory, s3_url, s3_endpoint,
+                                                   postgres):
+    """Close-to-open data across nodes, against a model: a seeded sequence of partial
+    writes, appends, rewrites and truncates of four files, each done on a random node
+    and closed, then the file read whole on another node (sometimes on every node).
+    Hot tiers of six 1 MiB extents for files of up to 3 MiB: extents are uploaded,
+    evicted and fetched back all along, and a node often changes an extent that only
+    another node has written so far."""
+    env = dict(os.environ, **s3_env(s3_endpoint))
+    args = ("--meta-url", postgres.new_schema(), "--extent-size", "1M", "--cache-size", "6M",
+            "--upload-delay", "0.05")
+    ms = [mount_factory(cold_url=s3_url, env=env, name=f"n{i}", args=args)
+          for i in range(NODES)]
+    rng = random.Random(7)
+    files = {f"f{i}": bytearray() for i in range(4)}
+    limit = 3 << 20
+
+    def check(node, name: str, when: str) -> None:
+        got = read_file(node.path(name))
+        want = bytes(files[name])
+        if got != want:
+            at = next((i for i, (x, y) in enumerate(zip(got, want)) if x != y),
+                      min(len(got), len(want)))
+            pytest.fail(f"{when}: {name} read on {nodename(node)} differs from offset {at} "
+                        f"(read {len(got)} bytes, expected {len(want)})")
+
+    for step in range(120):
+        name = rng.choice(sorted(files))
+        model = files[name]
+        writer = rng.choice(ms)
+        op = rng.random()
+        path = writer.path(name)
+        if op < 0.45 or not os.path.exists(path):  # a partial write (it may leave a hole)
+            off = rng.randrange(0, limit - 1)
+            data = rng.randbytes(rng.randrange(1, min(512 << 10, limit - off) + 1))
+            with open(path, "r+b" if os.path.exists(path) else "wb") as f:
+                f.seek(off)
+                f.write(data)
+            model.extend(bytes(max(0, off - len(model))))
+            model[off:off + len(data)] = data
+            what = f"write of {len(data)} bytes at {off}"
+        elif op < 0.6:
+            data = rng.randbytes(rng.randrange(0, min(256 << 10, limit - len(model)) + 1))
+            with open(path, "ab") as f:
+                f.write(data)
+            model += data
+            what = f"append of {len(data)} bytes"
+        elif op < 0.75:
+            data = rng.randbytes(rng.randrange(0, limit))
+            write_file(path, data)
+            model[:] = data
+            what = f"rewrite with {len(data)} bytes"
+        else:
+            size = rng.choice([0, rng.randrange(0, limit), len(model) // 2,
+                               (len(model) // (1 << 20)) << 20])
+            os.truncate(path, size)
+            if size < len(model):
+                del model[size:]
+            else:
+                model.extend(bytes(size - len(model)))
+            what = f"truncate to {size}"
+        when = f"step {step}, after a {what} on {nodename(writer)}"
+        readers = ms if rng.random() < 0.2 else [rng.choice([m for m in ms if m is not writer])]
+        for node in readers:
+            check(node, name, when)
+    for node in ms:
+        for name in files:
+            check(node, name, "at the end")
+    fetched = sum(status(m)["counters"].get("cold_reads", 0) for m in ms)
+    assert fetched > 0, "no extent came back from the bucket: the hot tiers never filled"
 
 
 @pytest.mark.allow_log_errors
