@@ -11,10 +11,10 @@ file), uploads start 50 ms after a write, metadata checkpoints only at unmount
 (or every second), and the mix has mmap writes with msync, copy_file_range,
 truncates down and up around extent boundaries, reads and writes of up to 1 MiB,
 reopens, fsyncs and page cache drops, on S3 (moto) and on file://, with and
-without the kernel's writeback cache. Two cases put the direct path's reads and
-writes (tierfs.open_many, tierfs.open "r+b") between the mount's ops on the same
-file, on a hot tier a sixth of its size. After the run: a full verify, a remount,
-and a full verify again.
+without the kernel's writeback cache, and once with the namespace in PostgreSQL.
+Two cases put the direct path's reads and writes (tierfs.open_many, tierfs.open
+"r+b") between the mount's ops on the same file, on a hot tier a sixth of its size.
+After the run: a full verify, a remount, and a full verify again.
 
 A failure names the seed, the op index and the first differing offset, and
 lists the ops just before it; rerun one case with -k, or run many more ops
@@ -64,6 +64,9 @@ _REGIME = [
     ("s3-wb-8M-mmap-seed5", "s3", "8M", 32, [], MMAP_HEAVY_WEIGHTS, 5, 800),
     ("file-wb-3M-mmap-seed1", "file", "3M", 24, [], MMAP_HEAVY_WEIGHTS, 1, 1500),
     ("file-nowb-8M-seed6", "file", "8M", 32, ["--no-writeback-cache"], DEFAULT_WEIGHTS, 6, 1200),
+    # The namespace in PostgreSQL: sizes published at close and fsync, records in the
+    # database, the data path the same.
+    ("pg-file-wb-4M-seed9", "pg", "4M", 24, [], DEFAULT_WEIGHTS, 9, 800),
     ("s3-wb-4M-direct-seed7", "s3", "4M", 24, [], DIRECT_WEIGHTS, 7, 800),
     ("file-nowb-4M-direct-seed8", "file", "4M", 24, ["--no-writeback-cache"], DIRECT_WEIGHTS,
      8, 1200),
@@ -85,6 +88,8 @@ def test_fsx_evicting(mount_factory, request, backend, cache, file_mib, args, we
         mnt = mount_factory(cold_url=request.getfixturevalue("s3_url"),
                             env=request.getfixturevalue("s3env"), args=mount_args)
     else:
+        if backend == "pg":
+            mount_args += ["--meta-url", request.getfixturevalue("postgres").new_schema()]
         mnt = mount_factory(args=mount_args)
     fsx = Fsx(mnt.path(f"fsx{seed}"), seed, max_size=file_mib * MiB, extent_size=MiB,
               max_len=MiB, weights=weights, check_every=500)
