@@ -21,8 +21,9 @@ use it. Ops (names as used in `weights`):
   direct_write fsync, then a random range written through tierfs.open(path, "r+b")
                (sometimes fsynced), closed, with unchecked reads of the range through
                the mount before and after the write (they fill the kernel's cache); the
-               mount's descriptor stays open and must see the data and the size at once. A direct op that falls back to the
-               builtin open() is a failure: it would test the mount instead
+               mount's descriptor stays open and must see the data and the size at once.
+               A direct op that falls back to the builtin open() is a failure: it would
+               test the mount instead
 
 Offsets cluster around extent boundaries (multiples of `extent_size`) and the
 end of file; lengths go up to `max_len`. Every `check_every` ops the page cache
