@@ -22,6 +22,8 @@ import statistics
 import tempfile
 import time
 
+from bench_read_sizes import drop_caches  # scripts/, beside this one
+
 MiB = 1 << 20
 
 
@@ -52,9 +54,7 @@ def main() -> None:
     try:
         for _rep in range(args.reps):
             os.unlink(path)
-            os.sync()
-            with open("/proc/sys/vm/drop_caches", "w") as f:
-                f.write("3\n")
+            drop_caches()
             time.sleep(args.idle)
             runs["first touch"].append(write(path, args.mib, block, os.O_TRUNC))
             runs["pages just freed"].append(write(path, args.mib, block, os.O_TRUNC))

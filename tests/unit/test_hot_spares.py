@@ -128,7 +128,7 @@ def test_a_lease_break_does_not_end_the_process(tmp_path):
     assert (res.returncode, res.stdout.strip()) == (0, "alive"), res.stderr
 
 
-def test_a_spare_left_with_bytes_in_it_keeps_none_of_them(tmp_path):
+def test_a_spare_left_with_bytes_in_it_keeps_none_of_them(tmp_path, monkeypatch):
     """Spares are emptied when made, so a temp file is opened without O_TRUNC (ext4
     would otherwise push its bytes to the disk at close, in the worker thread); one
     found with bytes in it (put there by hand) is cut to the extent's length."""
@@ -142,12 +142,9 @@ def test_a_spare_left_with_bytes_in_it_keeps_none_of_them(tmp_path):
         opened.append(flags)
         return real_open(path, flags, *args)
 
-    store_module = sys.modules[HotStore.__module__]
-    store_module.os.open = record
-    try:
-        put(store, 1, b"a" * 3000)
-    finally:
-        store_module.os.open = real_open
+    monkeypatch.setattr(os, "open", record)
+    put(store, 1, b"a" * 3000)
+    monkeypatch.undo()
     with open(store.path(1, 0), "rb") as f:
         assert f.read() == b"a" * 3000
     assert spares(store) == []  # the one left there was used
