@@ -128,13 +128,85 @@ def test_a_lease_break_does_not_end_the_process(tmp_path):
     assert (res.returncode, res.stdout.strip()) == (0, "alive"), res.stderr
 
 
-def test_a_spare_left_with_bytes_in_it_keeps_none_of_them(tmp_path, monkeypatch):
+def test_a_fetched_extent_is_written_into_its_spare_and_renamed_once(tmp_path, monkeypatch):
+    """The spare is written where it lies: one rename per fetched extent, into place."""
+    store = HotStore(str(tmp_path / "hot"))
+    first = put(store, 1, b"a" * 5000)
+    store.remove(1, 0)
+    if not store.leases:
+        pytest.skip("the kernel refuses file leases here: evicted files are unlinked")
+    renames = []
+    for name in ("rename", "replace"):
+        real = getattr(os, name)
+        monkeypatch.setattr(os, name, lambda a, b, _real=real, _n=name: (
+            renames.append((_n, os.path.dirname(a), os.path.dirname(b))), _real(a, b))[1])
+    assert put(store, 257, b"b" * 3000) == first  # into the directory of inode 1's extents
+    monkeypatch.undo()
+    assert renames == [("replace", store.spare_dir, os.path.dirname(store.path(257, 0)))]
+    with open(store.path(257, 0), "rb") as f:
+        assert f.read() == b"b" * 3000
+
+
+def test_spares_a_crash_left_with_bytes_in_them_are_dropped_at_start(tmp_path):
+    """A crash between a fetch's write into a spare and its rename into place leaves
+    bytes that nothing counts: a new store removes such spares and keeps empty ones."""
+    old = HotStore(str(tmp_path / "hot"))
+    empty = put(old, 1, b"a" * 100)
+    old.remove(1, 0)
+    old.close()
+    if not old.leases:
+        pytest.skip("the kernel refuses file leases here: evicted files are unlinked")
+    (tmp_path / "hot.spare" / "written-when-it-stopped").write_bytes(b"z" * 9000)
+    new = HotStore(str(tmp_path / "hot"))
+    assert [s.st_ino for s in spares(new)] == [empty]
+    assert put(new, 2, b"b" * 10) == empty
+    assert spares(new) == []
+
+
+def test_spare_names_never_repeat_across_stores(tmp_path):
+    """A new store in the same process (or a later one with the same pid) names its
+    spares apart from those left behind: an eviction renamed onto a listed spare would
+    swap the file under a fetch writing into it."""
+    old = HotStore(str(tmp_path / "hot"))
+    put(old, 1, b"a" * 100)
+    old.remove(1, 0)
+    old.close()
+    if not old.leases:
+        pytest.skip("the kernel refuses file leases here: evicted files are unlinked")
+    left = set(os.listdir(old.spare_dir))
+    new = HotStore(str(tmp_path / "hot"))
+    put(new, 2, b"b" * 100)  # takes the spare left behind
+    new.remove(2, 0)
+    made = set(os.listdir(new.spare_dir))
+    assert made and not made & left
+
+
+def test_a_failed_write_leaves_no_file_behind(tmp_path):
+    """A write that fails (a full disk) takes its temp file with it, spare or new."""
+    store = HotStore(str(tmp_path / "hot"))
+    put(store, 1, b"a" * 100)
+    store.remove(1, 0)
+    view = memoryview(bytearray(100))
+    view.release()  # writing it raises ValueError, as a failed write raises OSError
+    for _ in range(2):  # first into the spare (if leases work), then into a new file
+        with pytest.raises(ValueError):
+            store.write_temp(3, 0, view)
+    assert spares(store) == []
+    assert [n for _r, _d, names in os.walk(store.root) for n in names] == []
+
+
+def test_a_spare_with_bytes_in_it_keeps_none_of_them(tmp_path, monkeypatch):
     """Spares are emptied when made, so a temp file is opened without O_TRUNC (ext4
     would otherwise push its bytes to the disk at close, in the worker thread); one
     found with bytes in it (put there by hand) is cut to the extent's length."""
-    (tmp_path / "hot.spare").mkdir()
-    (tmp_path / "hot.spare" / "left").write_bytes(b"z" * 9000)
     store = HotStore(str(tmp_path / "hot"))
+    put(store, 1, b"a" * 100)
+    store.remove(1, 0)
+    if not store.leases:
+        pytest.skip("the kernel refuses file leases here: evicted files are unlinked")
+    [name] = os.listdir(store.spare_dir)
+    with open(os.path.join(store.spare_dir, name), "wb") as f:
+        f.write(b"z" * 9000)
     opened = []
     real_open = os.open
 
@@ -143,9 +215,9 @@ def test_a_spare_left_with_bytes_in_it_keeps_none_of_them(tmp_path, monkeypatch)
         return real_open(path, flags, *args)
 
     monkeypatch.setattr(os, "open", record)
-    put(store, 1, b"a" * 3000)
+    put(store, 2, b"b" * 3000)
     monkeypatch.undo()
-    with open(store.path(1, 0), "rb") as f:
-        assert f.read() == b"a" * 3000
+    with open(store.path(2, 0), "rb") as f:
+        assert f.read() == b"b" * 3000
     assert spares(store) == []  # the one left there was used
     assert len(opened) == 1 and not opened[0] & os.O_TRUNC

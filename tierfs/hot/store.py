@@ -8,6 +8,9 @@ threads. Open file descriptors are cached.
 Evicted extent files are kept as empty spares (up to MAX_SPARES, in a directory beside
 the hot tier) and reused for the next fetched extents: on ext4 allocating an inode can
 cost ten times the rename, open and write of reusing one (see docs/architecture.md).
+A fetched extent is written into its spare where the spare lies and renamed into place
+once written; a crash in between leaves bytes in a spare, so a new store drops the
+spares it finds with bytes in them.
 A file is made a spare only when nobody else has it open (a write lease succeeds), so
 a descriptor handed out by the direct path never sees another file's data. The lease
 is let go before the spare can be taken, and the store ignores SIGIO, by which the
@@ -21,6 +24,7 @@ import fcntl
 import itertools
 import os
 import resource
+import secrets
 import signal
 import threading
 
@@ -76,11 +80,29 @@ class HotStore:
         self.spare_dir = root.rstrip("/") + ".spare"
         os.makedirs(self.spare_dir, exist_ok=True)
         # Names of empty spare files; deque appends and pops are atomic across threads.
-        self._spares = collections.deque(os.listdir(self.spare_dir))
+        self._spares = collections.deque(self._empty_spares())
+        # New spares' names: never one that a spare left by an earlier store has, which
+        # a rename would replace while a fetch is writing into it.
+        self._spare_prefix = f"{os.getpid()}-{secrets.token_hex(4)}"
         self._spare_ids = itertools.count()
         # The kernel grants leases here (until it says no), and a lease break cannot
         # kill this process (_ignore_lease_breaks).
         self.leases = _ignore_lease_breaks()
+
+    def _empty_spares(self) -> list[str]:
+        """Names of the spares left in the spare directory. One with bytes in it was
+        being written when its store stopped (a crash): removed, since its bytes are
+        not counted anywhere (one stat per spare, as scan() makes per hot file)."""
+        names = []
+        for entry in os.scandir(self.spare_dir):
+            try:
+                if entry.stat(follow_symlinks=False).st_size:
+                    os.unlink(entry.path)
+                    continue
+            except FileNotFoundError:
+                continue
+            names.append(entry.name)
+        return names
 
     def path(self, ino: int, idx: int) -> str:
         return os.path.join(self.root, f"{ino & 0xff:02x}", f"{ino:x}.{idx:x}")
@@ -228,29 +250,13 @@ class HotStore:
                 return False
             # Holding the lease: an open by anyone else now waits for its release.
             os.ftruncate(fd, 0)
-            name = f"{os.getpid()}-{next(self._spare_ids)}"
+            name = f"{self._spare_prefix}-{next(self._spare_ids)}"
             os.rename(path, os.path.join(self.spare_dir, name))
         finally:
             os.close(fd)  # and the lease with it
         # Only now may a fetch take it: its open would otherwise break our own lease.
         self._spares.append(name)
         return True
-
-    def _take_spare(self, tmp: str) -> None:
-        """Rename a spare, if there is one, to `tmp` (opening it then creates no inode)."""
-        while True:
-            try:
-                name = self._spares.pop()
-            except IndexError:
-                return
-            try:
-                os.rename(os.path.join(self.spare_dir, name), tmp)
-                return
-            except FileNotFoundError:
-                if not os.path.isdir(os.path.dirname(tmp)):
-                    self._spares.append(name)
-                    raise  # the caller makes the directory
-                # this spare is gone (removed by hand): try the next one
 
     def dup_fd(self, ino: int, idx: int) -> int | None:
         """A private fd for a worker thread (the cache may close its own at any time)."""
@@ -261,28 +267,45 @@ class HotStore:
 
     # ---- blocking helpers: run these in worker threads --------------------------
     def write_temp(self, ino: int, idx: int, data: bytes) -> str:
-        """Write a complete extent to a temp file beside its place (blocking);
-        install_temp() or discard_temp() it afterwards. Temp files never collide:
-        two fetches of one extent may overlap (one for a stale record)."""
-        path = self.path(ino, idx)
-        tmp = f"{path}.tmp{os.getpid()}-{next(self._temp_ids)}"
+        """Write a complete extent to a temp file (blocking); install_temp() or
+        discard_temp() it afterwards. The temp file is a spare where it lies, if there
+        is one (no rename until the install), else a new file beside the extent's
+        place. Temp files never collide: two fetches of one extent may overlap (one
+        for a stale record)."""
+        try:
+            tmp = os.path.join(self.spare_dir, self._spares.pop())
+        except IndexError:
+            tmp = None
+        if tmp is None:
+            path = self.path(ino, idx)
+            tmp = f"{path}.tmp{os.getpid()}-{next(self._temp_ids)}"
         try:  # the directory is there but for the first extent in it: no stat per extent
-            self._take_spare(tmp)
             fd = os.open(tmp, TEMP_FLAGS, 0o600)
         except FileNotFoundError:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            self._take_spare(tmp)
+            os.makedirs(os.path.dirname(tmp), exist_ok=True)
             fd = os.open(tmp, TEMP_FLAGS, 0o600)
-        with open(fd, "wb") as f:
-            f.write(data)
-            if os.fstat(fd).st_size > len(data):  # a spare someone else left non-empty
-                f.truncate(len(data))
+        try:
+            with open(fd, "wb") as f:
+                f.write(data)
+                if os.fstat(fd).st_size > len(data):  # a spare someone else left non-empty
+                    f.truncate(len(data))
+        except BaseException:
+            self.discard_temp(tmp)  # a full disk: no half-written file left behind
+            raise
         return tmp
 
     def install_temp(self, tmp: str, ino: int, idx: int) -> None:
         """Rename a temp file into place (a metadata operation: fast enough inline)
-        and drop the cached fd of whatever was there."""
-        os.replace(tmp, self.path(ino, idx))
+        and drop the cached fd of whatever was there. The hot tier's subdirectory is
+        made for the first extent in it."""
+        path = self.path(ino, idx)
+        try:
+            os.replace(tmp, path)
+        except FileNotFoundError:
+            if not os.path.exists(tmp):
+                raise
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            os.replace(tmp, path)
         self._forget_fd(ino, idx)
 
     @staticmethod
