@@ -149,18 +149,26 @@ def test_a_fetched_extent_is_written_into_its_spare_and_renamed_once(tmp_path, m
 
 def test_spares_a_crash_left_with_bytes_in_them_are_dropped_at_start(tmp_path):
     """A crash between a fetch's write into a spare and its rename into place leaves
-    bytes that nothing counts: a new store removes such spares and keeps empty ones."""
+    bytes that nothing counts: a new store removes such spares and keeps empty ones.
+    What is not a regular file (put there by hand) is left alone and never written."""
     old = HotStore(str(tmp_path / "hot"))
     empty = put(old, 1, b"a" * 100)
     old.remove(1, 0)
     old.close()
     if not old.leases:
         pytest.skip("the kernel refuses file leases here: evicted files are unlinked")
-    (tmp_path / "hot.spare" / "written-when-it-stopped").write_bytes(b"z" * 9000)
+    spare_dir = tmp_path / "hot.spare"
+    (spare_dir / "written-when-it-stopped").write_bytes(b"z" * 9000)
+    (spare_dir / "a-directory").mkdir()
+    (spare_dir / "a-link").symlink_to(tmp_path / "elsewhere")
     new = HotStore(str(tmp_path / "hot"))
-    assert [s.st_ino for s in spares(new)] == [empty]
+    assert not (spare_dir / "written-when-it-stopped").exists()
     assert put(new, 2, b"b" * 10) == empty
-    assert spares(new) == []
+    put(new, 3, b"c" * 10)  # no spare left: a new file, not the link or the directory
+    assert not (tmp_path / "elsewhere").exists()
+    assert sorted(os.listdir(spare_dir)) == ["a-directory", "a-link"]
+    with open(new.path(3, 0), "rb") as f:
+        assert f.read() == b"c" * 10
 
 
 def test_spare_names_never_repeat_across_stores(tmp_path):

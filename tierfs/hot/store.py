@@ -96,6 +96,8 @@ class HotStore:
         names = []
         for entry in os.scandir(self.spare_dir):
             try:
+                if not entry.is_file(follow_symlinks=False):
+                    continue  # not ours (put there by hand): never written into
                 if entry.stat(follow_symlinks=False).st_size:
                     os.unlink(entry.path)
                     continue
