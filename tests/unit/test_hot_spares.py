@@ -136,10 +136,17 @@ def test_a_fetched_extent_is_written_into_its_spare_and_renamed_once(tmp_path, m
     if not store.leases:
         pytest.skip("the kernel refuses file leases here: evicted files are unlinked")
     renames = []
-    for name in ("rename", "replace"):
+
+    def recording(name):
         real = getattr(os, name)
-        monkeypatch.setattr(os, name, lambda a, b, _real=real, _n=name: (
-            renames.append((_n, os.path.dirname(a), os.path.dirname(b))), _real(a, b))[1])
+
+        def call(src, dst):
+            renames.append((name, os.path.dirname(src), os.path.dirname(dst)))
+            return real(src, dst)
+        return call
+
+    for name in ("rename", "replace"):
+        monkeypatch.setattr(os, name, recording(name))
     assert put(store, 257, b"b" * 3000) == first  # into the directory of inode 1's extents
     monkeypatch.undo()
     assert renames == [("replace", store.spare_dir, os.path.dirname(store.path(257, 0)))]

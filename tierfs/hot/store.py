@@ -276,12 +276,9 @@ class HotStore:
         for a stale record)."""
         try:
             tmp = os.path.join(self.spare_dir, self._spares.pop())
-        except IndexError:
-            tmp = None
-        if tmp is None:
-            path = self.path(ino, idx)
-            tmp = f"{path}.tmp{os.getpid()}-{next(self._temp_ids)}"
-        try:  # the directory is there but for the first extent in it: no stat per extent
+        except IndexError:  # no spare: a new file
+            tmp = f"{self.path(ino, idx)}.tmp{os.getpid()}-{next(self._temp_ids)}"
+        try:  # its directory is there but for the first extent in it: no stat per extent
             fd = os.open(tmp, TEMP_FLAGS, 0o600)
         except FileNotFoundError:
             os.makedirs(os.path.dirname(tmp), exist_ok=True)
