@@ -66,6 +66,17 @@ def pytest_sessionfinish(session, exitstatus):
             stop_daemon(pid, mountpoint)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def run_lock(tmp_path_factory):
+    """pytest locks the base temp dir it numbers itself, not one given with
+    --basetemp: lock that one to this run, so that another run's sweep
+    (sweep_dead_sessions) leaves this run's mounts alone."""
+    lock = os.path.join(str(tmp_path_factory.getbasetemp()), ".lock")
+    if not os.path.exists(lock):
+        with open(lock, "w") as f:
+            f.write(str(os.getpid()))
+
+
 @pytest.fixture(autouse=True)
 def no_leftover_mounts(request, tmp_path_factory):
     """Every test ends with the mounts and daemons it started gone, also when it

@@ -8,11 +8,12 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 from tierfs import registry
 from tierfs.client import daemon_info
-from tierfs.mountpoint import mounts, unmount_lazy
+from tierfs.mountpoint import answers, mounts, unmount_lazy
 
 # Every daemon a test starts inherits this variable: the pid of the pytest process
 # that started it, so leftovers of a run that was killed can be told apart from the
@@ -250,6 +251,32 @@ def stop_daemon(pid: int, mountpoint: str | None) -> None:
     _wait_gone(pid)
 
 
+def run_alive(path: str) -> bool:
+    """Whether the test run that made the directory `path` lies in still runs. A
+    run's temp tree holds a .lock naming its pid: pytest writes one into its
+    numbered base dir, short_tmpdir into its own. A live run's stale mount may be
+    one a test left on purpose (a kill -9 test restarts over it): not ours."""
+    parent = os.path.dirname(path)
+    while parent not in ("/", "/tmp"):
+        try:
+            with open(os.path.join(parent, ".lock")) as f:
+                pid = int(f.read().strip())
+        except (OSError, ValueError):
+            parent = os.path.dirname(parent)
+            continue
+        return not _gone(pid)
+    return False
+
+
+def short_tmpdir(prefix: str) -> str:
+    """A directory right below /tmp (pytest's own nest is too deep for some socket
+    paths), locked to this run as pytest locks its base dir."""
+    path = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    with open(os.path.join(path, ".lock"), "w") as f:
+        f.write(str(os.getpid()))
+    return path
+
+
 def sweep_dead_sessions() -> list[str]:
     """Stop the daemons (and mounts) that a pytest run killed before its cleanup
     left behind; a run still going keeps its own. Returns what was stopped."""
@@ -258,11 +285,12 @@ def sweep_dead_sessions() -> list[str]:
         if session is not None and session != os.getpid() and _gone(session):
             stop_daemon(pid, mountpoint)
             stopped.append(mountpoint or f"daemon {pid}")
-    for path, kind in mounts().items():  # a dead daemon's mount of a test directory
+    for path, kind in mounts().items():  # a dead daemon's mount of a dead run's directory
         if kind == "fuse.tierfs" and path.startswith(("/tmp/pytest-of-", "/tmp/tierfs-direct-",
-                                                      "/tmp/tierfs-lk-")):
-            try:
-                os.stat(path)
+                                                      "/tmp/tierfs-lk-")) \
+                and not run_alive(path):
+            try:  # statfs always asks the daemon; stat may be answered from the cache
+                answers(path)
             except OSError:  # ENOTCONN: nobody serves it any more
                 unmount_lazy(path)
                 stopped.append(path)

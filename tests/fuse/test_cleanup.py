@@ -8,11 +8,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
-from tests.harness import tierfs_daemons, wait_until
+from tests.harness import short_tmpdir, tierfs_daemons, wait_until
 from tierfs.mountpoint import mounts
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -37,7 +36,7 @@ def daemons_below(path) -> list[int]:
 @pytest.fixture
 def short_tmp():
     """A short base directory (pytest's own nest too deep for a control socket path)."""
-    path = tempfile.mkdtemp(prefix="tierfs-lk-", dir="/tmp")
+    path = short_tmpdir("tierfs-lk-")
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
@@ -84,3 +83,52 @@ def test_a_hung_test_fails_alone_with_its_stacks_and_the_run_goes_on(short_tmp):
     assert "in test_hangs_on_a_stopped_daemon" in out, out
     assert "daemon " in out and "its stacks:" in out, out
     assert tierfs_mounts_below(tmp_path) == [] and daemons_below(tmp_path) == []
+
+
+def sweep_from_another_run() -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", "from tests.harness import sweep_dead_sessions as s; print(s())"],
+        cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("daemon", ["running", "killed"])
+def test_the_next_run_sweeps_what_a_killed_run_left(short_tmp, daemon):
+    """A run killed with -9 runs no teardown: its daemon and its mount, live or
+    left stale by a daemon killed too, are stopped by the next run that starts."""
+    tmp_path = short_tmp
+    ready = os.path.join(tmp_path, "ready")
+    proc = run_pytest("test_is_stopped_while_mounted",
+                      basetemp=os.path.join(tmp_path, "run"),
+                      env=dict(os.environ, LEAKY_READY=ready))
+    try:
+        wait_until(lambda: os.path.exists(ready) or proc.poll() is not None, 120,
+                   "the test's mount to be up")
+        assert proc.poll() is None, proc.communicate()[0]
+        proc.kill()
+        proc.communicate()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    [mountpoint] = tierfs_mounts_below(tmp_path)
+    [pid] = daemons_below(tmp_path)
+    if daemon == "killed":
+        os.kill(pid, signal.SIGKILL)  # its mount is left stale
+        wait_until(lambda: daemons_below(tmp_path) == [], 30, f"daemon {pid} to exit")
+    sweep = sweep_from_another_run()
+    assert sweep.returncode == 0, sweep.stderr
+    assert mountpoint in sweep.stdout, sweep.stdout
+    wait_until(lambda: daemons_below(tmp_path) == [], 30, f"daemon {pid} to be stopped")
+    assert tierfs_mounts_below(tmp_path) == []
+
+
+def test_another_runs_sweep_leaves_a_live_runs_stale_mount_alone(mnt):
+    """A run that starts beside this one (the tests above start some) sweeps only
+    the mounts of runs that are gone: a mount this run's kill -9 left stale on
+    purpose stays for the restart to clean up, and says so."""
+    mnt.kill9()
+    sweep = sweep_from_another_run()
+    assert sweep.returncode == 0, sweep.stderr
+    assert mounts().get(mnt.mountpoint) == "fuse.tierfs", sweep.stdout
+    res = mnt.start()
+    assert "removed a stale mount" in res.stdout, res.stdout

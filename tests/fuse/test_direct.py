@@ -15,7 +15,6 @@ import os
 import pickle
 import shutil
 import socket
-import tempfile
 import threading
 import zipfile
 
@@ -24,7 +23,7 @@ import pytest
 import tierfs
 from tierfs import direct as tdirect
 from tierfs import read_pool
-from tests.harness import cached_pages, in_child_as, wait_until, write_file
+from tests.harness import cached_pages, in_child_as, short_tmpdir, wait_until, write_file
 from tierfs.hot import HotStore, pagecache
 from tests.fuse.test_tiering import pattern
 from tierfs.mountpoint import mounts
@@ -43,7 +42,7 @@ def pub(mount_factory, monkeypatch):
     tierfs.open takes the direct path for files of any size here (by default small
     files go through the mount: test_small_files_are_read_through_the_mount)."""
     monkeypatch.setattr(tdirect, "MOUNT_BELOW", 0)
-    base = tempfile.mkdtemp(prefix="tierfs-direct-", dir="/tmp")
+    base = short_tmpdir("tierfs-direct-")
     os.chmod(base, 0o755)
     made = []
 
