@@ -123,3 +123,24 @@ def test_a_store_without_conditional_writes_gets_plain_ones_and_a_warning(tmp_pa
     assert holder(bucket) == "/mnt/a"
     warnings = [r for r in caplog.records if "both take it" in r.getMessage()]
     assert len(warnings) == 1  # said once, not at every renewal
+
+
+@pytest.mark.parametrize("damaged", [b"{not json", b"[]", b"7", b"{}", b'{"node": ""}'])
+def test_a_damaged_lease_is_free_to_every_check_and_replaced(tmp_path, caplog, damaged):
+    """A lease that is not an object naming its holder protects nothing: it is taken,
+    renewed, released and given back as if there were none, with a warning."""
+    bucket = MemoryStore()
+    bucket.put(LEASE_KEY, damaged)
+    a = node(bucket, tmp_path, "a")
+    with caplog.at_level(logging.WARNING, logger="tierfs.tier.lease"):
+        assert a.acquire() is None
+    assert "damaged" in caplog.text
+    assert holder(bucket) == "/mnt/a" and not a.last_writer_elsewhere()
+    assert a.renew() and not a.fenced
+    a.release()
+    assert json.loads(bucket.get(LEASE_KEY))["released"] is True
+    bucket.put(LEASE_KEY, damaged)
+    b = node(bucket, tmp_path, "b")
+    b.acquire()
+    b.abandon()  # a refused mount: what was there goes back (nothing valid: deleted)
+    assert LEASE_KEY not in bucket.list("")

@@ -87,9 +87,16 @@ class Lease:
         except ObjectNotFound:
             return None, None
         try:
-            return json.loads(data), version
+            lease = json.loads(data)
         except ValueError:
-            return None, version  # a damaged lease protects nothing
+            lease = None
+        if not isinstance(lease, dict) or not lease.get("node"):
+            # A damaged lease protects nothing: every check treats it as no lease
+            # (one that is valid JSON but names no holder as well).
+            log.warning("the writer lease in %s is damaged (it names no holder): "
+                        "taken as free", self.cold.describe())
+            return None, version
+        return lease, version
 
     def _body(self) -> bytes:
         now = time.time()
