@@ -60,8 +60,12 @@ class DaemonCollector:
         changed = CounterMetricFamily(
             "tierfs_s3_changed", "Conditional writes that found the object changed (the "
             "writer lease: another node wrote it first)", labels=["op"])
+        control = CounterMetricFamily("tierfs_control_requests", "Control socket requests "
+                                      "(tierfs commands, tierfs.open, hints)", labels=["cmd"])
         for key, value in counters.items():
-            if key.startswith("s3_requests:"):
+            if key.startswith("control_requests:"):
+                control.add_metric([key.split(":", 1)[1]], value)
+            elif key.startswith("s3_requests:"):
                 requests.add_metric([key.split(":", 1)[1]], value)
             elif key.startswith("s3_not_found:"):
                 not_found.add_metric([key.split(":", 1)[1]], value)
@@ -74,6 +78,7 @@ class DaemonCollector:
         yield errors
         yield not_found
         yield changed
+        yield control
 
         index = d.engine.index
         hot_b, miss_b = counters.get("hot_read_bytes", 0), counters.get("miss_read_bytes", 0)

@@ -53,6 +53,7 @@ def test_metrics_are_scraped(mount_factory):
     assert metrics["tierfs_dirty_bytes"] == 0
     assert metrics['tierfs_checksum_failures_total{tier="cold"}'] == 0
     assert metrics['tierfs_s3_requests_total{op="put"}'] >= 3
+    assert metrics['tierfs_control_requests_total{cmd="release_many"}'] == 1  # make_cold's
     assert metrics['tierfs_fuse_op_seconds_count{op="read"}'] >= 1
     assert metrics['tierfs_fuse_op_seconds_bucket{le="+Inf",op="write"}'] >= 1
     assert metrics["tierfs_cold_fetch_seconds_count"] >= 3

@@ -362,3 +362,47 @@ def test_no_replace_policy_keeps_first_fill(s3m):
     again = {e["index"] for e in status(m, m.path("f"))["file"]["extents"] if e["where"] != "cold"}
     assert again == first
     assert status(m)["counters"]["fetch_not_cached"] > 0
+
+
+def test_release_pin_unpin_and_prefetch_of_trees_on_two_mounts(mount_factory):
+    """release, pin, unpin and prefetch send a request per BATCH_FILES files, never one
+    per file; each request goes to the daemon of the path it came from, so the files
+    of two mounts named in one command are each handled by their own."""
+    from tierfs.cli.tiering import BATCH_FILES
+    a, b = mount_factory(name="a"), mount_factory(name="b")
+    n = BATCH_FILES + 7
+    os.makedirs(a.path("ds"))
+    for i in range(n):
+        write_file(a.path(f"ds/f{i:05d}"), b"%d" % i)
+    write_file(b.path("g"), b"on b")
+    for m in (a, b):
+        m.cli("sync", m.mountpoint, "--wait", check=True)
+    both = (a.path("ds"), b.path("g"))
+
+    def hot(m, path) -> int:
+        st = status(m, path)
+        return (st.get("directory") or st["file"])["hot"]
+    size = sum(len(b"%d" % i) for i in range(n))
+
+    res = a.cli("release", "-r", *both, check=True)
+    assert f"in {n + 1} files" in res.stdout, res.stdout
+    assert hot(a, a.path("ds")) == 0 and hot(b, b.path("g")) == 0
+    res = a.cli("pin", "-r", *both, check=True)
+    assert f"pinned {n + 1} files ({n + 1} extents changed)" in res.stdout, res.stdout
+    assert hot(a, a.path("ds")) == size and hot(b, b.path("g")) == 4
+    res = a.cli("release", "-r", *both, check=True)
+    assert f"kept {n + 1} pinned extents" in res.stdout, res.stdout
+    res = a.cli("unpin", "-r", *both, check=True)
+    assert f"unpinned {n + 1} files ({n + 1} extents changed)" in res.stdout, res.stdout
+    a.cli("release", "-r", *both, check=True)
+    assert hot(a, a.path("ds")) == 0 and hot(b, b.path("g")) == 0
+    res = a.cli("prefetch", "-r", *both, check=True)
+    assert f"prefetched {n + 1} files" in res.stdout, res.stdout
+    assert hot(a, a.path("ds")) == size and hot(b, b.path("g")) == 4
+    # Two requests of each command for a's 1,031 files, one for b's file.
+    for m, per_command in ((a, 2), (b, 1)):
+        asked = {k.split(":", 1)[1]: v for k, v in status(m)["counters"].items()
+                 if k.startswith("control_requests:")}
+        for cmd, times in (("release_many", 3), ("prefetch_many", 2), ("unpin_many", 1)):
+            assert asked.get(cmd) == per_command * times, asked
+        assert "release" not in asked and "unpin" not in asked, asked

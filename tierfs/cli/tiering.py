@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import os
 import stat
 import sys
@@ -14,10 +15,15 @@ from .progress import Progress, plural
 
 
 def collect_files(paths: list[str], recursive: bool) -> list[tuple[str, int, int]]:
-    """(path, inode, size) of the regular files named or (with -r) below the paths.
-    Every path named must be inside a tierfs mount (checked before any walk); the
-    walk stays on the filesystem of the path it starts from."""
-    out = []
+    """(path, inode, size) of the regular files named or (with -r) below the paths."""
+    return [f for group in collect_groups(paths, recursive) for f in group]
+
+
+def collect_groups(paths: list[str], recursive: bool) -> list[list[tuple[str, int, int]]]:
+    """collect_files, one list per path named. Every path named must be inside a
+    tierfs mount (checked before any walk); the walk stays on the filesystem of the
+    path it starts from."""
+    named = []
     for path in paths:
         path = os.path.abspath(path)
         try:
@@ -25,11 +31,15 @@ def collect_files(paths: list[str], recursive: bool) -> list[tuple[str, int, int
         except OSError as e:
             raise UserError(f"{path}: {e.strerror}") from None
         daemon_info(path)  # UserError "... is not inside a tierfs mount"
+        if stat.S_ISDIR(st.st_mode) and not recursive:
+            raise UserError(f"{path} is a directory: add -r to include what is below it")
+        named.append((path, st))
+    groups = []
+    for path, st in named:
+        out = []
         if stat.S_ISREG(st.st_mode):
             out.append((path, st.st_ino, st.st_size))
         elif stat.S_ISDIR(st.st_mode):
-            if not recursive:
-                raise UserError(f"{path} is a directory: add -r to include what is below it")
             for root, dirs, files in os.walk(path):
                 for name in files:
                     p = os.path.join(root, name)
@@ -41,7 +51,8 @@ def collect_files(paths: list[str], recursive: bool) -> list[tuple[str, int, int
                         out.append((p, s.st_ino, s.st_size))
                 # Another filesystem mounted below is not this mount's business.
                 dirs[:] = [d for d in dirs if _same_dev(os.path.join(root, d), st.st_dev)]
-    return out
+        groups.append(out)
+    return groups
 
 
 def _same_dev(path: str, dev: int) -> bool:
@@ -66,30 +77,39 @@ def _call(path: str, cmd: str, on_progress=None, **args) -> dict:
     return last
 
 
-def for_each_file(verb: str, cmd: str, args, **extra) -> tuple[list[dict], list[str], float]:
-    """Run `cmd` on every file, `--jobs` at a time, with a progress line in bytes."""
-    files = collect_files(args.paths, args.recursive)
+def for_each_file(verb: str, cmd: str, args, files=None) -> tuple[list[dict], list[str], float]:
+    """Run `cmd` on every file (`files`, or those args names), `--jobs` at a time,
+    with a progress line in bytes. At most a few requests per job wait to be sent:
+    waiting on a future per file of a large tree would cost time in the square of
+    its size."""
+    files = collect_files(args.paths, args.recursive) if files is None else files
     t0 = time.monotonic()
     progress = Progress(verb, sum(f[2] for f in files))
     results, failures = [], []
+    jobs = max(1, getattr(args, "jobs", 8))
+    todo = iter(files)
+    finished_bytes = done = 0
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        futures = {}
 
-    finished_bytes = 0
-    with concurrent.futures.ThreadPoolExecutor(max(1, getattr(args, "jobs", 8))) as pool:
-        futures = {pool.submit(_call, path, cmd, ino=ino, **extra): (path, size)
-                   for path, ino, size in files}
-        pending = set(futures)
-        while pending:
-            finished, pending = concurrent.futures.wait(
-                pending, timeout=0.25, return_when=concurrent.futures.FIRST_COMPLETED)
+        def submit_more() -> None:
+            for path, ino, size in itertools.islice(todo, 4 * jobs - len(futures)):
+                futures[pool.submit(_call, path, cmd, ino=ino)] = (path, size)
+        submit_more()
+        while futures:
+            finished, _ = concurrent.futures.wait(
+                futures, timeout=0.25, return_when=concurrent.futures.FIRST_COMPLETED)
             for fut in finished:
-                path, size = futures[fut]
+                path, size = futures.pop(fut)
                 try:
                     results.append(fut.result())
                 except UserError as e:
                     failures.append(f"{path}: {e}")
                 finished_bytes += size
+                done += 1
+            submit_more()
             progress.update(finished_bytes,
-                            note=f"{len(files) - len(pending)} of {plural(len(files), 'file')} done")
+                            note=f"{done} of {plural(len(files), 'file')} done")
     progress.close()
     return results, failures, time.monotonic() - t0
 
@@ -97,19 +117,54 @@ def for_each_file(verb: str, cmd: str, args, **extra) -> tuple[list[dict], list[
 BATCH_FILES = 1024  # files per prefetch request: packed neighbours coalesce within one
 
 
+def batches(args) -> tuple[list, list[list]]:
+    """(every file args names, those files BATCH_FILES at a time): a batch goes to one
+    daemon, so it never mixes the files of two paths named (two mounts, maybe)."""
+    groups = collect_groups(args.paths, args.recursive)
+    return ([f for group in groups for f in group],
+            [group[i:i + BATCH_FILES] for group in groups for i in range(0, len(group), BATCH_FILES)])
+
+
+def for_each_batch(verb: str, cmd: str, args) -> tuple[list[dict], list[str]]:
+    """Run `cmd` (a command taking "inos") on every file, BATCH_FILES per request,
+    with a progress line in bytes. A daemon that does not know `cmd` (one started by
+    an older release) gets the command of one file, file by file."""
+    files, todo = batches(args)
+    results, failures = [], []
+    done_bytes = done = 0
+    with Progress(verb, sum(f[2] for f in files)) as progress:
+        for batch in todo:
+            try:
+                reply = _call(batch[0][0], cmd, inos=[ino for _p, ino, _s in batch])
+            except UserError as e:
+                if done or f"unknown command {cmd!r}" not in str(e):
+                    raise
+                progress.close()
+                return for_each_file(verb, cmd.removesuffix("_many"), args, files)[:2]
+            for path, ino, _size in batch:
+                res = reply["files"].get(str(ino), {"error": "no answer for this file"})
+                if "error" in res:
+                    failures.append(f"{path}: {verb} failed: {res['error']}")
+                else:
+                    results.append(res)
+            done_bytes += sum(size for _p, _i, size in batch)
+            done += len(batch)
+            progress.update(done_bytes, note=f"{done} of {plural(len(files), 'file')} done")
+    return results, failures
+
+
 def fetch_files(verb: str, args, *, pin: bool = False) -> tuple[list[dict], list[str], float]:
     """Prefetch (or pin) files, BATCH_FILES per request, with a progress line in
     bytes. One request names many files, so the daemon fetches files packed next
     to each other in one GET; it runs --jobs files at a time."""
-    files = collect_files(args.paths, args.recursive)
+    files, todo = batches(args)
     t0 = time.monotonic()
     progress = Progress(verb, sum(f[2] for f in files))
     results, failures = [], []
-    done_bytes = 0
-    for start in range(0, len(files), BATCH_FILES):
-        batch = files[start:start + BATCH_FILES]
+    done_bytes = done = 0
+    for batch in todo:
         batch_bytes = sum(size for _p, _i, size in batch)
-        note = f"{start} of {plural(len(files), 'file')} done"
+        note = f"{done} of {plural(len(files), 'file')} done"
 
         def on_progress(msg: dict, base=done_bytes, cap=batch_bytes, note=note) -> None:
             progress.update(base + min(cap, int(msg.get("hot_bytes", 0))), note=note)
@@ -123,8 +178,8 @@ def fetch_files(verb: str, args, *, pin: bool = False) -> tuple[list[dict], list
             else:
                 results.append(res)
         done_bytes += batch_bytes
-        progress.update(done_bytes, note=f"{min(len(files), start + len(batch))} of "
-                        f"{plural(len(files), 'file')} done")
+        done += len(batch)
+        progress.update(done_bytes, note=f"{done} of {plural(len(files), 'file')} done")
     progress.close()
     return results, failures, time.monotonic() - t0
 
@@ -146,7 +201,7 @@ def cmd_prefetch(args) -> int:
 
 
 def cmd_release(args) -> int:
-    results, failures, _ = for_each_file("release", "release", args)
+    results, failures = for_each_batch("release", "release_many", args)
     released = sum(r["released"] for r in results)
     dirty = sum(r["dirty_kept"] for r in results)
     pinned = sum(r["pinned_kept"] for r in results)
@@ -162,7 +217,7 @@ def cmd_pin(args) -> int:
     if verb == "pin":
         results, failures, _ = fetch_files(verb, args, pin=True)
     else:
-        results, failures, _ = for_each_file(verb, verb, args)
+        results, failures = for_each_batch(verb, "unpin_many", args)
     key = "pinned" if verb == "pin" else "unpinned"
     changed = sum(r[key] for r in results)
     print(f"{key} {plural(len(results), 'file')} ({plural(changed, 'extent')} changed)")

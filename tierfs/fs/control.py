@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 TREE_LIMIT = 1_000_000
 # Bytes of one request line at most (256 direct_open paths of 4 KiB each fit).
 MAX_REQUEST = 8 << 20
+# Files a quick action on many (release_many, unpin_many) handles between two turns
+# of the event loop: a few milliseconds of work.
+EACH_PASS = 64
 
 
 def _add_extent(out: dict, ext, length: int) -> None:
@@ -143,8 +146,9 @@ class Control:
         self.socket_path = os.path.join(daemon.cfg.cache_dir, "control.sock")
         self.commands = {"status": self.cmd_status, "ping": self.cmd_ping,
                          "sync": self.cmd_sync, "prefetch_many": self.cmd_prefetch_many,
-                         "release": self.cmd_release,
-                         "unpin": self.cmd_unpin, "scrub": self.cmd_scrub,
+                         "release": self.cmd_release, "release_many": self.cmd_release_many,
+                         "unpin": self.cmd_unpin, "unpin_many": self.cmd_unpin_many,
+                         "scrub": self.cmd_scrub,
                          "hint": self.cmd_hint}
         self.direct = DirectOpen(daemon)
         self.commands["direct_open"] = self.direct.cmd_direct_open
@@ -368,6 +372,27 @@ class Control:
     async def cmd_release(self, req, reply):
         return actions.release(self.engine, int(req["ino"]))
 
+    async def cmd_release_many(self, req, reply):
+        """release of many files in one request: `tierfs release -r` of a data set
+        costs one connection per BATCH_FILES files, not one per file."""
+        return {"files": await self._each([int(i) for i in req["inos"]],
+                                          lambda ino: actions.release(self.engine, ino))}
+
+    async def _each(self, inos: list[int], action) -> dict:
+        """{ino: action(ino), or {"error": ...}} of a quick action on many files, the
+        event loop let go every EACH_PASS files."""
+        files = {}
+        for n, ino in enumerate(inos, 1):
+            try:
+                files[str(ino)] = action(ino)
+            except FsError as e:
+                files[str(ino)] = {"error": os.strerror(e.errno)}
+            except TierfsError as e:
+                files[str(ino)] = {"error": str(e) or type(e).__name__}
+            if n % EACH_PASS == 0:
+                await trio.lowlevel.checkpoint()
+        return files
+
     async def _fetching(self, inos: list[int], req, reply, work):
         """Await a prefetch; with req["progress"], tell the client how many bytes of
         the files are hot while it runs (one large file would otherwise show nothing)."""
@@ -419,6 +444,12 @@ class Control:
         await self.pull([int(req["ino"])])
         return {"unpinned": actions.set_pinned(self.engine, int(req["ino"]), False)}
 
+    async def cmd_unpin_many(self, req, reply):
+        inos = [int(i) for i in req["inos"]]
+        await self.pull(inos)
+        return {"files": await self._each(
+            inos, lambda ino: {"unpinned": actions.set_pinned(self.engine, ino, False)})}
+
     # ---- server ------------------------------------------------------------------------
     async def serve(self, path: str) -> None:
         try:
@@ -467,6 +498,7 @@ class Control:
                     if handler is None:
                         await reply({"ok": False, "error": f"unknown command {cmd!r}"})
                         return
+                    self.engine.stats.inc(f"control_requests:{cmd}")
                     try:
                         result = await handler(req, reply)
                         if not reply.finished:
