@@ -19,7 +19,8 @@ Run as root (the page cache is dropped before every run). The ways alternate run
 run. Printed per way, medians over --reps runs: the wall time of the read, the
 daemon's CPU time per file (all its threads, from /proc/PID/task/*/schedstat), the
 part of it spent in the kernel (/proc/PID/stat, in 10 ms ticks) and the whole
-machine's busy CPU time per file (/proc/stat), in µs.
+machine's busy CPU time per file (/proc/stat), in µs; and how long `tierfs release -r`
+of the files took.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from bench_read_sizes import cpu_seconds, drop_caches  # scripts/, beside this o
 from tierfs.client import daemon_info
 
 SIZE = 64 << 10
+RELEASE_S: list[float] = []  # how long each `tierfs release -r` of the files took
 READERS = 8
 BATCH = 32
 
@@ -65,7 +67,9 @@ def run(paths: list[str], top: str, way: str, pid: int, seed: int) -> tuple[floa
     order = list(paths)
     random.Random(seed).shuffle(order)
     if way != "hot":
+        t0 = time.perf_counter()
         subprocess.run(["tierfs", "release", "-r", top], check=True, capture_output=True)
+        RELEASE_S.append(time.perf_counter() - t0)
     drop_caches()
     cpu0, sys0, busy0 = cpu_seconds(pid), daemon_system_s(pid), machine_busy_s()
     t0 = time.perf_counter()
@@ -113,6 +117,8 @@ def main() -> None:
         wall, daemon, kernel, machine = (statistics.median(r[i] for r in runs[way])
                                          for i in range(4))
         print(f"{way:8} {wall:8.2f} {daemon:16.0f} {kernel:13.0f} {machine:17.0f}")
+    print(f"tierfs release -r of the {args.files} files: {statistics.median(RELEASE_S):.2f} s "
+          f"(median of {len(RELEASE_S)})")
 
 
 if __name__ == "__main__":
