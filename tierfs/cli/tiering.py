@@ -114,7 +114,9 @@ def for_each_file(verb: str, cmd: str, args, files=None) -> tuple[list[dict], li
     return results, failures, time.monotonic() - t0
 
 
-BATCH_FILES = 1024  # files per prefetch request: packed neighbours coalesce within one
+# Files per request of prefetch, pin, release and unpin (a prefetch's files packed next to
+# each other come in one GET).
+BATCH_FILES = 1024
 
 
 def batches(args) -> tuple[list, list[list]]:
@@ -122,7 +124,8 @@ def batches(args) -> tuple[list, list[list]]:
     daemon, so it never mixes the files of two paths named (two mounts, maybe)."""
     groups = collect_groups(args.paths, args.recursive)
     return ([f for group in groups for f in group],
-            [group[i:i + BATCH_FILES] for group in groups for i in range(0, len(group), BATCH_FILES)])
+            [group[i:i + BATCH_FILES] for group in groups
+             for i in range(0, len(group), BATCH_FILES)])
 
 
 def for_each_batch(verb: str, cmd: str, args) -> tuple[list[dict], list[str]]:
