@@ -406,3 +406,22 @@ def test_release_pin_unpin_and_prefetch_of_trees_on_two_mounts(mount_factory):
         for cmd, times in (("release_many", 3), ("prefetch_many", 2), ("unpin_many", 1)):
             assert asked.get(cmd) == per_command * times, asked
         assert "release" not in asked and "unpin" not in asked, asked
+
+
+def test_sync_wait_of_a_large_tree_waits_for_every_part_of_it(mount_factory, monkeypatch):
+    """sync --wait of a directory sends its files' inode numbers SYNC_INOS a request
+    (a million of them would pass the daemon's limit on a request's length) and
+    returns once every part is in the bucket; files elsewhere stay dirty."""
+    import argparse
+    from tierfs.cli import tiering
+    m = mount_factory(args=("--upload-delay", "3600"))
+    os.makedirs(m.path("ds/sub"))
+    names = [f"ds/f{i}" if i % 2 else f"ds/sub/f{i}" for i in range(5)]
+    for name in names:
+        write_file(m.path(name), pattern(1000, len(name)))
+    write_file(m.path("other"), b"elsewhere")
+    monkeypatch.setattr(tiering, "SYNC_INOS", 2)
+    assert tiering.cmd_sync(argparse.Namespace(path=m.path("ds"), wait=True, timeout=60.0)) == 0
+    assert status(m)["counters"]["control_requests:sync"] == 3  # 5 files, 2 a request
+    assert status(m, m.path("ds"))["directory"]["dirty"] == 0
+    assert status(m, m.path("other"))["file"]["dirty"] == len(b"elsewhere")

@@ -114,6 +114,7 @@ def for_each_file(verb: str, cmd: str, args, files=None) -> tuple[list[dict], li
     return results, failures, time.monotonic() - t0
 
 
+SYNC_INOS = 100_000  # inode numbers per sync request (well within its 8 MiB at most)
 # Files per request of prefetch, pin, release and unpin (a prefetch's files packed next to
 # each other come in one GET).
 BATCH_FILES = 1024
@@ -255,13 +256,27 @@ def cmd_sync(args) -> int:
         inos = [ino for _p, ino, _s in collect_files([path], True)] if stat.S_ISDIR(st.st_mode) \
             else [st.st_ino]
     t0 = time.monotonic()
+    # A request holds at most SYNC_INOS of them: a million files' inode numbers would
+    # pass the daemon's limit on a request's length. Waiting for one part after another
+    # waits for them all; the uploads of every part run from the first request on.
+    parts = [None] if inos is None else [inos[i:i + SYNC_INOS]
+                                         for i in range(0, len(inos), SYNC_INOS)] or [[]]
     if args.wait:
-        out = _sync_wait(path, inos, args.timeout)
-        print(f"synced {path}: everything is in the bucket ({format_size(out['dirty_bytes_before'])} "
-              f"was dirty, {time.monotonic() - t0:.1f}s)")
+        first = None
+        for part in parts:
+            left = args.timeout - (time.monotonic() - t0)
+            if left <= 0:
+                raise NotInBucket(f"sync failed: timed out after {args.timeout:.0f}s: "
+                                  f"files under {path} are not in the bucket yet; they keep "
+                                  f"uploading")
+            out = _sync_wait(path, part, left)
+            first = first or out
+        print(f"synced {path}: everything is in the bucket "
+              f"({format_size(first['dirty_bytes_before'])} was dirty, "
+              f"{time.monotonic() - t0:.1f}s)")
     else:
-        out = call(path, "sync", inos=inos, wait=False)
-        print(f"sync of {path} started: {format_size(out['dirty_bytes_before'])} dirty")
+        outs = [call(path, "sync", inos=part, wait=False) for part in parts]
+        print(f"sync of {path} started: {format_size(outs[0]['dirty_bytes_before'])} dirty")
     return 0
 
 
