@@ -46,9 +46,15 @@ def request(path: str, cmd: str, *, daemon: dict | None = None, wait_s: float | 
         raise UserError(f"cannot reach the tierfs daemon at {info['socket']}: "
                         f"{e.strerror or e}") from None
     with sock, sock.makefile("rb") as f:
-        sock.sendall(json.dumps({"cmd": cmd, **args}).encode() + b"\n")
-        for line in f:
-            yield json.loads(line)
+        try:
+            sock.sendall(json.dumps({"cmd": cmd, **args}).encode() + b"\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the daemon refused the request before its end: its answer says why
+        try:
+            for line in f:
+                yield json.loads(line)
+        except ConnectionResetError:
+            pass  # the callers find no final answer, and say so
 
 
 def call(path: str, cmd: str, *, daemon: dict | None = None, wait_s: float | None = None,

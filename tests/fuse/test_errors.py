@@ -311,3 +311,16 @@ def test_a_refused_first_mount_leaves_the_extent_size_open(tmp_path):
         if str(tmp_path / "mnt") in mounts():
             run_cli("umount", str(tmp_path / "mnt"))
         subprocess.run(["umount", str(small)], check=True)
+
+
+def test_a_request_past_the_daemons_limit_gets_its_answer_not_a_broken_pipe(mnt):
+    """The daemon answers a request line longer than it takes, then closes: a client
+    still sending gets that answer, an error, never a BrokenPipeError (which the
+    command line would take for a closed output and exit 0 on)."""
+    from tierfs.client import call
+    from tierfs.errors import UserError
+    from tierfs.fs.control import MAX_REQUEST
+    paths = [mnt.path("p" * 1000)] * (MAX_REQUEST // 1000 + 16)
+    with pytest.raises(UserError, match="hint failed: request too long"):
+        call(mnt.mountpoint, "hint", paths=paths)
+    assert call(mnt.mountpoint, "ping")["ok"]  # the daemon goes on
