@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
 import sys
 
 from .. import __version__
@@ -116,10 +117,26 @@ def main(argv: list[str] | None = None) -> int:
         rc = _run(sys.argv[1:] if argv is None else argv)
         sys.stdout.flush()  # a pipe buffers: the reader may be gone by now
         return rc
-    except BrokenPipeError:  # output piped into head & co., which stopped reading
-        # Python would complain again when it flushes stdout at exit.
+    except BrokenPipeError:
+        if not stdout_gone():  # a pipe or socket of the command's own work broke
+            print("tierfs: a connection broke off before the command finished (broken "
+                  "pipe): run it again", file=sys.stderr)
+            return 1
+        # Output piped into head & co., which stopped reading: Python would complain
+        # again when it flushes stdout at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+
+
+def stdout_gone() -> bool:
+    """Whether stdout is a pipe whose reader has gone: its write end then polls
+    POLLERR."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _fd, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no stdout, or not a real file
+        return False
 
 
 def _run(argv: list[str]) -> int:
