@@ -129,6 +129,16 @@ def batches(args) -> tuple[list, list[list]]:
              for i in range(0, len(group), BATCH_FILES)])
 
 
+def _sort_answers(verb: str, batch: list, reply: dict, results: list, failures: list) -> None:
+    """Each file's answer in a reply to a request of many: into results, or failures."""
+    for path, ino, _size in batch:
+        res = reply["files"].get(str(ino), {"error": "no answer for this file"})
+        if "error" in res:
+            failures.append(f"{path}: {verb} failed: {res['error']}")
+        else:
+            results.append(res)
+
+
 def for_each_batch(verb: str, cmd: str, args) -> tuple[list[dict], list[str]]:
     """Run `cmd` (a command taking "inos") on every file, BATCH_FILES per request,
     with a progress line in bytes. A daemon that does not know `cmd` (one started by
@@ -145,12 +155,7 @@ def for_each_batch(verb: str, cmd: str, args) -> tuple[list[dict], list[str]]:
                     raise
                 progress.close()
                 return for_each_file(verb, cmd.removesuffix("_many"), args, files)[:2]
-            for path, ino, _size in batch:
-                res = reply["files"].get(str(ino), {"error": "no answer for this file"})
-                if "error" in res:
-                    failures.append(f"{path}: {verb} failed: {res['error']}")
-                else:
-                    results.append(res)
+            _sort_answers(verb, batch, reply, results, failures)
             done_bytes += sum(size for _p, _i, size in batch)
             done += len(batch)
             progress.update(done_bytes, note=f"{done} of {plural(len(files), 'file')} done")
@@ -175,12 +180,7 @@ def fetch_files(verb: str, args, *, pin: bool = False) -> tuple[list[dict], list
         reply = _call(batch[0][0], "prefetch_many", on_progress if progress.active else None,
                       inos=[ino for _p, ino, _s in batch], parallel=args.jobs, pin=pin,
                       progress=progress.active)
-        for path, ino, _size in batch:
-            res = reply["files"].get(str(ino), {"error": "no answer for this file"})
-            if "error" in res:
-                failures.append(f"{path}: {verb} failed: {res['error']}")
-            else:
-                results.append(res)
+        _sort_answers(verb, batch, reply, results, failures)
         done_bytes += batch_bytes
         done += len(batch)
         progress.update(done_bytes, note=f"{done} of {plural(len(files), 'file')} done")
