@@ -19,6 +19,12 @@ def put(store: HotStore, ino: int, data: bytes) -> int:
     return os.stat(store.path(ino, 0)).st_ino
 
 
+def drop(store: HotStore, ino: int) -> None:
+    """Evict extent (ino, 0) and wait until the trash has emptied its file."""
+    store.remove(ino, 0)
+    assert store.trash.settle(timeout=60)
+
+
 def spares(store: HotStore) -> list[os.stat_result]:
     return [os.stat(os.path.join(store.spare_dir, n)) for n in os.listdir(store.spare_dir)]
 
@@ -26,7 +32,7 @@ def spares(store: HotStore) -> list[os.stat_result]:
 def test_an_evicted_file_becomes_an_empty_spare_and_is_reused(tmp_path):
     store = HotStore(str(tmp_path / "hot"))
     first = put(store, 1, b"a" * 70_000)
-    store.remove(1, 0)
+    drop(store, 1)
     if not store.leases:
         pytest.skip("the kernel refuses file leases here: evicted files are unlinked")
     assert not os.path.exists(store.path(1, 0))
@@ -43,7 +49,7 @@ def test_a_file_someone_has_open_is_unlinked_not_reused(tmp_path):
     first = put(store, 1, b"a" * 5000)
     fd = os.open(store.path(1, 0), os.O_RDONLY)  # as a descriptor the direct path handed out
     try:
-        store.remove(1, 0)
+        drop(store, 1)
         assert not os.path.exists(store.path(1, 0))
         assert spares(store) == []
         assert put(store, 2, b"b" * 5000) != first
@@ -56,7 +62,7 @@ def test_a_new_store_takes_over_the_spares_left_behind(tmp_path):
     old = HotStore(str(tmp_path / "hot"))
     inos = {put(old, i, b"x" * 100) for i in range(1, 4)}
     for i in range(1, 4):
-        old.remove(i, 0)
+        drop(old, i)
     old.close()
     if not old.leases:
         pytest.skip("the kernel refuses file leases here: evicted files are unlinked")
@@ -85,7 +91,7 @@ def test_a_spare_can_be_taken_only_once_its_lease_is_gone(tmp_path):
 
     store._spares = Spares(store._spares)
     put(store, 1, b"a" * 5000)
-    store.remove(1, 0)
+    drop(store, 1)
     assert published == ["free"]
 
 
@@ -102,7 +108,7 @@ real_ftruncate = os.ftruncate
 def ftruncate_while_someone_opens(fd, length):
     # Someone opens the file while _make_spare holds its lease: the kernel starts
     # breaking the lease (and signals this process) before the truncate goes on.
-    path = store.path(1, 0)
+    path = os.readlink(f"/proc/self/fd/{fd}")  # in the trash by now
     threading.Thread(target=lambda: os.close(os.open(path, os.O_RDONLY)), daemon=True).start()
     deadline = time.monotonic() + 30
     while fcntl.fcntl(fd, fcntl.F_GETLEASE) == fcntl.F_WRLCK:  # until the break begins
@@ -112,6 +118,7 @@ def ftruncate_while_someone_opens(fd, length):
 
 hot_store.os.ftruncate = ftruncate_while_someone_opens
 store.remove(1, 0)
+assert store.trash.settle(60)
 print("alive")
 """
 
@@ -132,7 +139,7 @@ def test_a_fetched_extent_is_written_into_its_spare_and_renamed_once(tmp_path, m
     """The spare is written where it lies: one rename per fetched extent, into place."""
     store = HotStore(str(tmp_path / "hot"))
     first = put(store, 1, b"a" * 5000)
-    store.remove(1, 0)
+    drop(store, 1)
     if not store.leases:
         pytest.skip("the kernel refuses file leases here: evicted files are unlinked")
     renames = []
@@ -160,7 +167,7 @@ def test_spares_a_crash_left_with_bytes_in_them_are_dropped_at_start(tmp_path):
     What is not a regular file (put there by hand) is left alone and never written."""
     old = HotStore(str(tmp_path / "hot"))
     empty = put(old, 1, b"a" * 100)
-    old.remove(1, 0)
+    drop(old, 1)
     old.close()
     if not old.leases:
         pytest.skip("the kernel refuses file leases here: evicted files are unlinked")
@@ -184,14 +191,14 @@ def test_spare_names_never_repeat_across_stores(tmp_path):
     swap the file under a fetch writing into it."""
     old = HotStore(str(tmp_path / "hot"))
     put(old, 1, b"a" * 100)
-    old.remove(1, 0)
+    drop(old, 1)
     old.close()
     if not old.leases:
         pytest.skip("the kernel refuses file leases here: evicted files are unlinked")
     left = set(os.listdir(old.spare_dir))
     new = HotStore(str(tmp_path / "hot"))
     put(new, 2, b"b" * 100)  # takes the spare left behind
-    new.remove(2, 0)
+    drop(new, 2)
     made = set(os.listdir(new.spare_dir))
     assert made and not made & left
 
@@ -200,7 +207,7 @@ def test_a_failed_write_leaves_no_file_behind(tmp_path):
     """A write that fails (a full disk) takes its temp file with it, spare or new."""
     store = HotStore(str(tmp_path / "hot"))
     put(store, 1, b"a" * 100)
-    store.remove(1, 0)
+    drop(store, 1)
     view = memoryview(bytearray(100))
     view.release()  # writing it raises ValueError, as a failed write raises OSError
     for _ in range(2):  # first into the spare (if leases work), then into a new file
@@ -216,7 +223,7 @@ def test_a_spare_with_bytes_in_it_keeps_none_of_them(tmp_path, monkeypatch):
     found with bytes in it (put there by hand) is cut to the extent's length."""
     store = HotStore(str(tmp_path / "hot"))
     put(store, 1, b"a" * 100)
-    store.remove(1, 0)
+    drop(store, 1)
     if not store.leases:
         pytest.skip("the kernel refuses file leases here: evicted files are unlinked")
     [name] = os.listdir(store.spare_dir)

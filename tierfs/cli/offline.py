@@ -10,6 +10,8 @@ from ..config import MountConfig
 from ..errors import UserError
 from .progress import Progress, plural
 
+FSCK_TRASH_WAIT = 600.0  # seconds fsck waits for the hot copies it removed to be emptied
+
 
 def s3_args(p) -> None:
     """How to reach an S3 bucket, for the commands that open one without a mount."""
@@ -112,6 +114,7 @@ def cmd_fsck(args) -> int:
         with Progress("verifying data", None) as progress:
             findings = Fsck(meta, hot, cold, local.extent_size, repair=args.repair,
                             verify_data=args.verify_data, on_progress=progress.update).run()
+        hot.trash.settle(FSCK_TRASH_WAIT)  # what the repair removed, emptied before it says so
         hot.close()
         meta.close()
     finally:

@@ -53,6 +53,9 @@ def _print_mount(out: dict) -> None:
     print(f"dirty        {format_size(out['dirty_bytes'])} in "
           f"{plural(out['dirty_extents'], 'extent')}")
     print(f"pinned       {format_size(out['pinned_bytes'])}")
+    if out.get("trash_files"):
+        print(f"freeing      {format_size(out['trash_bytes'])} of dropped hot copies "
+              f"({plural(out['trash_files'], 'file')})")
     note = out.get("cache_limit_note")
     # Brackets: the note may hold parentheses of its own.
     print(f"cache        limit {format_size(out['cache_limit'])}"

@@ -233,6 +233,9 @@ class Control:
             # Fetched extents are installed after their reader has the bytes.
             "fetches_in_flight": self.engine.fetches_in_flight,
             "pinned_bytes": sum(index.sizes.get(k, 0) for k in index.pinned),
+            # Dropped hot copies whose files the trash's thread has yet to empty.
+            "trash_files": self.engine.hot.trash.waiting,
+            "trash_bytes": self.engine.hot.trash.pending_bytes,
             "cache_limit": d.space.high, "cache_policy": d.space.policy,
             # Where the limit comes from (flag, or the disk's share), when Space says.
             "cache_limit_note": getattr(d.space, "limit_note", None),

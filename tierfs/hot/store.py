@@ -8,6 +8,8 @@ threads. Open file descriptors are cached.
 Evicted extent files are kept as empty spares (up to MAX_SPARES, in a directory beside
 the hot tier) and reused for the next fetched extents: on ext4 allocating an inode can
 cost ten times the rename, open and write of reusing one (see docs/architecture.md).
+A dropped copy is at most renamed out of its place on the caller's thread; the trash
+(trash.py) empties it into a spare, or unlinks it, in a thread of its own.
 A fetched extent is written into its spare where the spare lies and renamed into place
 once written; a crash in between leaves bytes in a spare, so a new store drops the
 spares it finds with bytes in them.
@@ -30,6 +32,7 @@ import threading
 
 from ..checksum import HotCopyCheck
 from ..errors import FsError
+from .trash import Trash
 
 MAX_SPARES = 65536  # empty inodes kept for reuse (a few MiB of inode table)
 # A temp file is opened without O_TRUNC: a spare is empty already, and on ext4 a
@@ -38,6 +41,7 @@ MAX_SPARES = 65536  # empty inodes kept for reuse (a few MiB of inode table)
 # leaving them to the kernel's writeback.
 TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC
 CHECK_PIECE = 1 << 20  # copy_matches reads an extent file in pieces of this size
+TRASH_WAIT = 5.0  # seconds a write that finds the disk full waits for the trash to empty
 
 _local = threading.local()
 
@@ -88,6 +92,7 @@ class HotStore:
         # The kernel grants leases here (until it says no), and a lease break cannot
         # kill this process (_ignore_lease_breaks).
         self.leases = _ignore_lease_breaks()
+        self.trash = Trash(root.rstrip("/") + ".trash", self._recycle)
 
     def _empty_spares(self) -> list[str]:
         """Names of the spares left in the spare directory. One with bytes in it was
@@ -228,13 +233,22 @@ class HotStore:
             return None
 
     def remove(self, ino: int, idx: int) -> None:
-        self._forget_fd(ino, idx)
-        path = self.path(ino, idx)
+        """Take an extent file out of its place (a rename: the place is free for a
+        new copy at once); the trash empties it."""
         try:
-            if not self._make_spare(path):
-                os.unlink(path)
+            self.trash.take(self.path(ino, idx), self._fds.pop((ino, idx), None))
         except FileNotFoundError:
             pass
+
+    def remove_later(self, ino: int, idx: int, size: int) -> None:
+        """Remove the extent file of an inode that is gone (inode numbers are never
+        reused, so nothing takes its place), all of it in the trash's thread."""
+        self.trash.take_later(self.path(ino, idx), size, self._fds.pop((ino, idx), None))
+
+    def _recycle(self, path: str) -> None:
+        """The trash's part: make the file a spare, or unlink it (blocking)."""
+        if not self._make_spare(path):
+            os.unlink(path)
 
     def _make_spare(self, path: str) -> bool:
         """Empty the file at `path` and move it among the spares, if nobody else has it
@@ -273,7 +287,17 @@ class HotStore:
         discard_temp() it afterwards. The temp file is a spare where it lies, if there
         is one (no rename until the install), else a new file beside the extent's
         place. Temp files never collide: two fetches of one extent may overlap (one
-        for a stale record)."""
+        for a stale record). A full disk is tried again once the trash has emptied
+        what it holds."""
+        try:
+            return self._write_temp(ino, idx, data)
+        except OSError as e:
+            if e.errno != errno.ENOSPC or not self.trash.waiting:
+                raise
+        self.trash.settle(TRASH_WAIT)
+        return self._write_temp(ino, idx, data)
+
+    def _write_temp(self, ino: int, idx: int, data: bytes) -> str:
         try:
             tmp = os.path.join(self.spare_dir, self._spares.pop())
         except IndexError:  # no spare: a new file
@@ -349,6 +373,7 @@ class HotStore:
             os.close(fd)
 
     def close(self) -> None:
+        self.trash.close()
         while self._fds:
             _, fd = self._fds.popitem()
             os.close(fd)

@@ -132,7 +132,7 @@ class Engine:
     # ---- startup ----------------------------------------------------------------
     def load_index(self) -> list[str]:
         """Rebuild the in-memory hot index from metadata and the hot directory.
-        Returns human-readable problems found (missing or stray hot files)."""
+        Returns human-readable problems found (missing hot files)."""
         problems = []
         on_disk = {(ino, idx): (size, mtime) for ino, idx, size, mtime in self.hot.scan()}
         fixes: dict[Key, Extent | None] = {}
@@ -158,8 +158,9 @@ class Engine:
                            last_write=now_mono - max(0.0, now_wall - mtime))
         for ino, idx in on_disk:
             self.hot.remove(ino, idx)
-        if on_disk:
-            problems.append(f"removed {len(on_disk)} stray hot files")
+        if on_disk:  # deleted files the trash had not got to, writes never committed
+            log.info("removed %d hot files that no extent record names (left by the last "
+                     "shutdown)", len(on_disk))
         for (ino, idx), ext in fixes.items():
             self.meta.update(None, {(ino, idx): ext})
         return problems
@@ -275,12 +276,16 @@ class Engine:
         self.drop_hot(ino, idx, ext)
         return False
 
-    def forget_hot(self, ino: int, idx: int) -> None:
+    def forget_hot(self, ino: int, idx: int, gone: bool = False) -> None:
         """The one rule for letting go of a hot copy: its file, its index entry,
         its verified mark. The caller commits the record (cleared HOT or deleted),
-        possibly batched with others."""
+        possibly batched with others. `gone`: the inode is purged, so nothing takes
+        the file's place and its removal is left to the trash's thread whole."""
         key = (ino, idx)
-        self.hot.remove(ino, idx)
+        if gone:
+            self.hot.remove_later(ino, idx, self.index.sizes.get(key, 0))
+        else:
+            self.hot.remove(ino, idx)
         self.index.remove(key)
         self.verified.discard(key)
 
@@ -938,6 +943,6 @@ class Engine:
     def drop_inode(self, ino: int) -> None:
         """The inode was purged from metadata: remove its hot files."""
         for idx in self.index.indices(ino):
-            self.forget_hot(ino, idx)
+            self.forget_hot(ino, idx, gone=True)
         self._streams.pop(ino, None)
 

@@ -10,6 +10,10 @@ the hot tier got stuck, not per request: once uploads have freed nothing for
 that long (a bucket outage), every write that needs room fails with ENOSPC at
 once until an upload succeeds again. ENOSPC comes at once, too, when there is
 nothing left to upload or evict.
+
+Evicted files are emptied by the hot store's trash a moment later; their blocks count
+as free for eviction (or it would evict on while the trash catches up), but a write
+that needs them on a disk short of `min_free` waits for the trash first.
 """
 from __future__ import annotations
 
@@ -26,6 +30,9 @@ from ..errors import FsError, UserError
 from ..meta.schema import HOT
 
 log = logging.getLogger(__name__)
+
+TRASH_WAIT = 5.0  # seconds a write waits for the trash to free the disk room it needs
+EVICT_BATCH = 256  # extents evicted per pass of the trio loop down to the low watermark
 
 
 def check_cache_size(space: "Space", extent_size: int) -> None:
@@ -91,6 +98,7 @@ class Space:
         self.need_upload = trio.Event()     # asks the uploader to skip its delay
         self._free_cache = (0.0, 0)
         self.reserved = 0  # admitted fetches not installed yet
+        self._evicting = False  # the task that evicts down to the low watermark runs
         self.stuck_since: float | None = None  # writers waiting and no upload since then
         self.kick_uploader = lambda: None      # set by the uploader: start uploads now
         self._enospc_logged = -1e9
@@ -108,23 +116,54 @@ class Space:
     def _over(self, n: int) -> int:
         """Bytes that must be freed before `n` more fit."""
         by_cache = self.index.total + self.reserved + n - self.high
-        by_disk = self.min_free + self.reserved + n - self.disk_free()
+        by_disk = self._disk_short(n) - self.engine.hot.trash.pending_bytes
         return max(by_cache, by_disk, 0)
+
+    def _disk_short(self, n: int) -> int:
+        """Bytes the disk lacks now for `n` more, `min_free` kept (not counting what
+        the trash is about to free)."""
+        return self.min_free + self.reserved + n - self.disk_free()
 
     def needs_room(self, n: int) -> bool:
         return self._over(n) > 0
 
     def evict(self, need: int, spare_busy: bool = True) -> int:
-        """Drop clean, unpinned extents (LRU first) until `need` bytes are freed,
-        going on down to the low watermark. Returns bytes freed. Extents that a
-        write is preparing are spared unless `spare_busy` is False (then the write
-        fetches them again: slower, never wrong)."""
-        target = max(need, self.index.total - self.low) if need > 0 else 0
+        """Drop clean, unpinned extents (LRU first) until `need` bytes are freed;
+        a task goes on down to the low watermark, EVICT_BATCH extents per pass of the
+        trio loop, so that no request waits for more than its own room. Returns bytes
+        freed. Extents that a write is preparing are spared unless `spare_busy` is
+        False (then the write fetches them again: slower, never wrong)."""
+        if need <= 0:
+            return 0
+        freed = self._drop_lru(need, spare_busy)
+        self._evict_on()
+        return freed
+
+    def _evict_on(self) -> None:
+        nursery = getattr(self.engine, "nursery", None)  # none before the mount runs
+        if not self._evicting and self.index.total > self.low and nursery is not None:
+            self._evicting = True
+            nursery.start_soon(self._evict_down)
+
+    async def _evict_down(self) -> None:
+        try:
+            while self.index.total > self.low:
+                if not self._drop_lru(self.index.total - self.low, True, EVICT_BATCH):
+                    break
+                await trio.sleep(0)
+        finally:
+            self._evicting = False
+
+    def _drop_lru(self, target: int, spare_busy: bool, limit: int | None = None) -> int:
+        """Evict least recently used clean extents until `target` bytes are freed
+        (or `limit` extents looked at); bytes freed."""
         freed = 0
         batch = {}
         skipped = []
         meta = self.engine.meta
-        while freed < target and self.index.lru:
+        looked = 0
+        while freed < target and self.index.lru and (limit is None or looked < limit):
+            looked += 1
             key, _ = self.index.lru.popitem(last=False)
             if spare_busy and key in self.engine.busy:
                 skipped.append(key)
@@ -185,6 +224,11 @@ class Space:
         while True:
             over = self._over(n)
             if over <= 0:
+                trash = self.engine.hot.trash
+                if trash.waiting and self._disk_short(n) > 0:
+                    # The room is in files the trash has yet to empty.
+                    await trio.to_thread.run_sync(trash.settle, TRASH_WAIT)
+                    self._free_cache = (0.0, 0)
                 return
             if self.evict(over) > 0:
                 continue
