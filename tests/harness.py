@@ -21,10 +21,12 @@ from tierfs.mountpoint import answers, mounts, unmount_lazy
 SESSION_ENV = "PYTEST_TIERFS_SESSION"
 
 
-def run_cli(*args, env=None, timeout=120, check=False, cwd=None) -> subprocess.CompletedProcess:
-    """Run `tierfs ARGS` as a user would (a separate process)."""
+def run_cli(*args, env=None, timeout=120, check=False, cwd=None,
+            preexec_fn=None) -> subprocess.CompletedProcess:
+    """Run `tierfs ARGS` as a user would (a separate process; preexec_fn runs in it
+    first, as subprocess's)."""
     res = subprocess.run([sys.executable, "-m", "tierfs", *map(str, args)], capture_output=True,
-                         text=True, env=env, timeout=timeout, cwd=cwd)
+                         text=True, env=env, timeout=timeout, cwd=cwd, preexec_fn=preexec_fn)
     if check and res.returncode != 0:
         raise AssertionError(f"tierfs {' '.join(map(str, args))} failed "
                              f"({res.returncode}): {res.stderr}{res.stdout}")
@@ -62,12 +64,13 @@ class Mount:
     def path(self, *parts: str) -> str:
         return os.path.join(self.mountpoint, *parts)
 
-    def cli(self, *args, check=False, timeout=120) -> subprocess.CompletedProcess:
-        return run_cli(*args, env=self.env, check=check, timeout=timeout)
+    def cli(self, *args, check=False, timeout=120, preexec_fn=None) -> subprocess.CompletedProcess:
+        return run_cli(*args, env=self.env, check=check, timeout=timeout, preexec_fn=preexec_fn)
 
-    def start(self, *extra) -> subprocess.CompletedProcess:
+    def start(self, *extra, preexec_fn=None) -> subprocess.CompletedProcess:
         res = self.cli("mount", self.cold_url, self.mountpoint, "--cache-dir", self.cache_dir,
-                       "--upload-delay", "0.5", *self.args, *extra, check=True)
+                       "--upload-delay", "0.5", *self.args, *extra, check=True,
+                       preexec_fn=preexec_fn)
         self.pid = self.daemon_pid()
         return res
 

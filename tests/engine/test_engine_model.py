@@ -335,3 +335,32 @@ def test_fetch_reservations_do_not_refuse_writes(tmp_path):
                                       f"got {outcome[0]!r}; {state}")
 
     run(scenario)
+
+
+def test_an_unexpected_upload_error_backs_off_and_is_logged_once(tmp_path, monkeypatch):
+    """An error that is neither the bucket's nor the database's (the daemon out of
+    descriptors) used to be retried at once, with a traceback logged each time: a hot
+    loop. It backs off as a bucket error does and is logged once per distinct error;
+    the upload goes through once the error is gone."""
+    async def scenario():
+        async with _stack(tmp_path, allowed_errors=("upload of inode",)) as s:
+            real, failing = s.uploader._dirty_copy, [True]
+
+            def dirty_copy(key, with_fd=True):  # where it takes a descriptor
+                if failing[0]:
+                    raise OSError(errno.EMFILE, "Too many open files")
+                return real(key, with_fd)
+            monkeypatch.setattr(s.uploader, "_dirty_copy", dirty_copy)
+            ino = s.create()
+            await s.engine.write(ino, 0, A)
+            await until(lambda: s.engine.stats.counters["upload_errors"] >= 3, timeout=15,
+                        what="three failed tries")
+            assert s.uploader.backoff_until > 0
+            logged = [r for r in s.logs.records if "upload of inode" in r.getMessage()]
+            assert len(logged) == 1 and logged[0].exc_info, logged
+            failing[0] = False
+            await settle(s, timeout=15)
+            assert not s.record(ino, 0).dirty and s.uploader.last_error is None
+            assert await _read(s, ino, 0, E, "after the upload") == A
+
+    run(scenario, timeout=60)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import resource
 
 import pytest
 
@@ -43,6 +44,29 @@ def make_cold(m, top: str) -> None:
     """Evict the hot copies and the kernel's pages: the next reads come from the bucket."""
     m.cli("release", "-r", m.path(top), check=True)
     drop_page_cache(m.path(top))
+
+
+def fd_limit(n: int):
+    """A preexec_fn: the process (a daemon) may hold at most `n` descriptors."""
+    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+
+
+def test_a_pack_of_more_files_than_the_daemon_may_open_is_uploaded(mount_factory):
+    """A pack holds tiny files by the thousand (--pack-size counts bytes). Its upload
+    used to hold a descriptor per file, failed with EMFILE on every try, and the files
+    never reached the bucket (sync --wait ran into its timeout)."""
+    m = mount_factory(start=False)
+    m.start(preexec_fn=fd_limit(512))
+    assert int(open(f"/proc/{m.pid}/limits").read().split("Max open files")[1].split()[1]) == 512
+    files = make_files(m, "labels", 1000, 100, 7)  # 1,000 files of 100 bytes: one pack
+    res = m.cli("sync", m.mountpoint, "--wait", "--timeout", "60")
+    assert res.returncode == 0, res.stdout + res.stderr
+    st = status(m)
+    assert st["dirty_extents"] == 0 and st["counters"]["packed_extents"] == 1000, st
+    assert 1 <= len(data_objects(m)) <= 2
+    make_cold(m, "labels")
+    for path, data in files.items():
+        assert read_file(path) == data
 
 
 def test_small_files_are_packed_and_read_back_cold(mount_factory):

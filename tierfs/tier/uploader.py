@@ -149,8 +149,8 @@ class Uploader:
                 await self.upload(key)
         except (ColdStoreError, FsError) as e:  # the bucket, or a shared namespace's database
             self._failed(e, f"inode {key[0]} extent {key[1]}")
-        except Exception:
-            log.exception("upload of inode %d extent %d failed", *key)
+        except Exception as e:
+            self._failed(e, f"inode {key[0]} extent {key[1]}", unexpected=True)
         finally:
             self._finished([key])
 
@@ -160,18 +160,24 @@ class Uploader:
                 await self.upload_pack(batch)
         except (ColdStoreError, FsError) as e:
             self._failed(e, f"a pack of {len(batch)} extents")
-        except Exception:
-            log.exception("upload of a pack of %d extents failed", len(batch))
+        except Exception as e:
+            self._failed(e, f"a pack of {len(batch)} extents", unexpected=True)
         finally:
             self._finished(batch)
 
-    def _failed(self, e: Exception, what: str) -> None:
+    def _failed(self, e: Exception, what: str, unexpected: bool = False) -> None:
+        """Count a failed upload and back off. `unexpected`: not the bucket's or the
+        database's error (a bug, or the daemon out of descriptors or memory): logged
+        with its traceback, once per distinct error, and backed off all the same, or
+        every retry would fail at once and log again, in a hot loop."""
         self.failures += 1
         self.engine.stats.inc("upload_errors")
         # Back off so an outage does not become a hot loop, but try again every few
         # seconds: uploads resume soon after the bucket (or database) is back.
         self.backoff_until = time.monotonic() + min(MAX_BACKOFF_S, 0.5 * 2 ** min(self.failures, 4))
-        if self.last_error is None:  # once per outage, not once per extent
+        if unexpected and self.last_error != str(e):
+            log.exception("upload of %s failed; will retry", what)
+        elif self.last_error is None:  # once per outage, not once per extent
             log.warning("upload of %s failed (%s); will retry", what, e)
         self.last_error = str(e)
 
@@ -249,9 +255,10 @@ class Uploader:
         self.last_error = None
         return out
 
-    def _dirty_copy(self, key: Key):
+    def _dirty_copy(self, key: Key, with_fd: bool = True):
         """(write generation, descriptor, length) of a dirty extent to upload now, or
-        None (clean, held by a direct writer, removed: bookkeeping done here)."""
+        None (clean, held by a direct writer, removed: bookkeeping done here).
+        with_fd=False: no descriptor (None in its place); the caller opens the file."""
         engine = self.engine
         ino, idx = key
         info = engine.index.dirty.get(key)
@@ -269,50 +276,64 @@ class Uploader:
         if ext is None or not ext.dirty or length <= 0:
             engine.index.cleaned(key, info.gen)
             return None
+        if not with_fd:
+            return info.gen, None, length
         fd = engine.hot.dup_fd(ino, idx)
         return None if fd is None else (info.gen, fd, length)
 
     async def upload_pack(self, batch: list[Key]) -> None:
         """Upload the dirty extents of `batch` as one object; commit, in one
-        transaction, those nobody wrote to meanwhile."""
+        transaction, those nobody wrote to meanwhile.
+
+        The worker thread opens each extent file when it reads it, one at a time: a
+        pack may hold hundreds of thousands of tiny files, and a descriptor held per
+        extent ran out of them (EMFILE) and failed the pack on every try. What it
+        reads may be newer than the generation noted here (written meanwhile), or the
+        file gone (truncated, removed): such a piece's generation no longer matches
+        at the commit, or it has no checksum, and it stays dirty, dead bytes in the
+        pack."""
         engine = self.engine
         await self.ids_ready()
-        pieces = []  # (key, generation, fd, length)
+        pieces = []  # (key, generation, length)
         for key in batch:
-            got = self._dirty_copy(key)
+            got = self._dirty_copy(key, with_fd=False)
             if got is not None:
-                pieces.append((key, *got))
+                gen, _fd, length = got
+                pieces.append((key, gen, length))
         if not pieces:
             return
         obj_id = engine.meta.next_object_id()
         name = object_name(obj_id)
-        total = sum(length for _k, _g, _fd, length in pieces)
+        total = sum(length for _k, _g, length in pieces)
+        hot = engine.hot
 
-        def read_and_put() -> list[tuple[int, int, int]]:
+        def read_and_put() -> list[tuple[int, int, int | None]]:
             blob = bytearray(total)
             view = memoryview(blob)
             layout, at = [], 0
-            try:
-                for _key, _gen, fd, length in pieces:
-                    got = os.preadv(fd, [view[at:at + length]], 0)
-                    while 0 < got < length:  # short reads; the rest of a hole stays zeros
-                        n = os.preadv(fd, [view[at + got:at + length]], got)
-                        if n == 0:
-                            break
-                        got += n
-                    layout.append((at, length, xxh3(view[at:at + length])))
-                    at += length
-            finally:
-                for _key, _gen, fd, _length in pieces:
-                    os.close(fd)
-            engine.cold.put(name, blob)
+            for (ino, idx), _gen, length in pieces:
+                out = view[at:at + length]
+                checksum = None
+                try:
+                    fd = os.open(hot.path(ino, idx), os.O_RDONLY | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    pass  # gone meanwhile: zeros here, not committed
+                else:
+                    hot.read_into(fd, 0, out)  # closes fd; a hole at its end stays zeros
+                    checksum = xxh3(out)
+                layout.append((at, length, checksum))
+                at += length
+            if any(checksum is not None for _at, _n, checksum in layout):
+                engine.cold.put(name, blob)  # else all gone: nothing worth a PUT
             return layout
 
         layout = await self._put(obj_id, total, read_and_put)
         engine.stats.inc("pack_uploads")
         # Back on the trio thread: which extents still hold what was uploaded?
         changed, drops, refs, done = {}, [], [], []
-        for (key, gen, _fd, _length), (off, length, checksum) in zip(pieces, layout):
+        for (key, gen, _length), (off, length, checksum) in zip(pieces, layout):
+            if checksum is None:
+                continue  # its file was gone when the thread read it
             ino, idx = key
             try:
                 _node, exts = engine.meta.get_extents(ino, idx, idx)
