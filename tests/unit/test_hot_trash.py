@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import threading
 
+from tierfs.hot import trash as trash_module
 from tierfs.hot.store import HotStore
 
 
@@ -96,3 +97,23 @@ def test_a_file_the_trash_cannot_empty_is_unlinked(tmp_path):
     store.remove(1, 0)
     assert store.trash.settle(timeout=60)
     assert os.listdir(store.trash.path) == []
+
+
+def test_at_most_max_fds_descriptors_wait_in_the_trash(tmp_path, monkeypatch):
+    """A backlog of dropped copies must not hold their cached descriptors until the
+    daemon runs out: past MAX_FDS the caller closes its own."""
+    monkeypatch.setattr(trash_module, "MAX_FDS", 4)
+    store = HotStore(str(tmp_path / "hot"))
+    go = held_trash(store)
+    for ino in range(1, 11):
+        put(store, ino, b"a" * 100)
+        store.pread(ino, 0, 0, 1)  # a cached descriptor
+    open_before = len(os.listdir("/proc/self/fd"))
+    for ino in range(1, 11):
+        store.remove(ino, 0)
+    assert store.trash._fds == 4
+    assert len(os.listdir("/proc/self/fd")) == open_before - 6
+    go.set()
+    assert store.trash.settle(timeout=60)
+    assert store.trash._fds == 0
+    assert len(os.listdir("/proc/self/fd")) == open_before - 10

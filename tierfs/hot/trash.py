@@ -3,18 +3,20 @@ them.
 
 Emptying the file of a dropped hot copy (an `ftruncate` that frees its blocks, to
 keep the inode as a spare, or an unlink) costs about 1.5 ms for a 4 MiB extent on
-ext4, and closing its cached descriptor more than a rename. Done where the copy is
-dropped, on the trio thread, deleting an 8 GiB file held every request of the mount
-for 3 s, and an eviction down to the low watermark as long per 2,048 extents. Now:
+ext4. Done where the copy was dropped, on the trio thread, deleting a 4 GiB file
+held every request of the mount for 1.3-1.9 s, and an eviction down to the low
+watermark as long per 1,024 extents (README, Benchmark: "Requests while hot copies
+are dropped"). Now:
 - a copy whose place may take a new copy soon (eviction, release, a truncate, a
   damaged copy) is renamed into this directory on the caller's thread (`take`):
   its place is free at once;
 - a copy whose place is never used again (its inode is gone: inode numbers are
   never reused) stays where it is until the thread gets to it (`take_later`);
-and the thread closes the descriptor and empties the file. Its blocks count as free
-meanwhile (`pending_bytes`): they will be within moments. A daemon that stops leaves
-what it had not emptied yet: the next one empties what is in here, and its scan of
-the hot tier removes the copies of inodes that are gone.
+and the thread closes its cached descriptor (at most MAX_FDS wait here) and empties
+the file. Its blocks count as free meanwhile (`pending_bytes`): they will be within
+moments. A daemon that stops leaves what it had not emptied yet: the next one
+empties what is in here, and its scan of the hot tier removes the copies of inodes
+that are gone.
 """
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ from typing import Callable
 
 log = logging.getLogger(__name__)
 
+MAX_FDS = 256  # descriptors waiting here at most; beyond, the caller closes its own
+
 
 class Trash:
     def __init__(self, path: str, empty: Callable[[str], None]):
@@ -39,6 +43,7 @@ class Trash:
         self._cond = threading.Condition()
         self.waiting = 0         # files not emptied yet
         self.pending_bytes = 0   # their blocks
+        self._fds = 0            # descriptors of them waiting to be closed here
         # Names never collide with one a stopped daemon left here.
         self._prefix = f"{os.getpid()}-{secrets.token_hex(4)}"
         self._ids = itertools.count()
@@ -72,9 +77,13 @@ class Trash:
         self._put(src, size, fd)
 
     def _put(self, path: str, size: int, fd: int | None) -> None:
+        if fd is not None and self._fds >= MAX_FDS:  # a backlog must not use them all up
+            os.close(fd)
+            fd = None
         with self._cond:
             self.waiting += 1
             self.pending_bytes += size
+            self._fds += fd is not None
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="tierfs-trash",
                                                 daemon=True)
@@ -89,6 +98,8 @@ class Trash:
             path, size, fd = item
             if fd is not None:
                 os.close(fd)
+                with self._cond:
+                    self._fds -= 1
             try:
                 self._empty(path)
             except FileNotFoundError:
