@@ -4,6 +4,7 @@ suspect interleaving, held in place with store gates instead of sleeps."""
 from __future__ import annotations
 
 import errno
+import threading
 from functools import partial
 
 import pytest
@@ -362,5 +363,43 @@ def test_an_unexpected_upload_error_backs_off_and_is_logged_once(tmp_path, monke
             await settle(s, timeout=15)
             assert not s.record(ino, 0).dirty and s.uploader.last_error is None
             assert await _read(s, ino, 0, E, "after the upload") == A
+
+    run(scenario, timeout=60)
+
+
+def test_a_write_on_a_full_disk_waits_for_the_trash_to_free_it(tmp_path, monkeypatch):
+    """Dropped copies count as free while the trash empties them, but a write that
+    needs their blocks on a disk short of min_free (a full disk: the disk's free space
+    is injected) waits for the trash first, and then goes on."""
+    async def scenario():
+        async with _stack(tmp_path, cache_size=64 * E) as s:
+            ino = s.create()
+            for i in range(8):
+                await s.engine.write(ino, i * E, A)
+            await settle(s)
+            go = threading.Event()
+            empty = s.hot.trash._empty
+
+            def held(path):
+                assert go.wait(30), "the test never let the trash go on"
+                empty(path)
+                freed.append(path)
+            s.hot.trash._empty, freed = held, []
+            await s.engine.truncate(ino, 0)  # eight copies to the trash, held there
+            assert s.hot.trash.waiting == 8 and s.hot.trash.pending_bytes >= 8 * E
+            s.space.min_free = 10 * E
+            monkeypatch.setattr(s.space, "disk_free", lambda: 10 * E + len(freed) * E)
+            done = []
+
+            async def writer():
+                await s.engine.write(ino, 0, B)  # needs one extent the disk lacks
+                done.append(True)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(writer)
+                await trio.testing.wait_all_tasks_blocked()
+                assert not done, "the write went on before the trash freed its room"
+                go.set()
+            assert done and s.hot.trash.waiting == 0
+            assert await _read(s, ino, 0, E, "the write") == B
 
     run(scenario, timeout=60)

@@ -112,6 +112,8 @@ class Trash:
                 except OSError:
                     log.warning("could not empty or remove %s (%s): the next mount "
                                 "tries again", path, e)
+            except Exception:  # a bug: this thread must go on, or writers wait for it
+                log.exception("emptying %s failed", path)
             with self._cond:
                 self.waiting -= 1
                 self.pending_bytes -= size

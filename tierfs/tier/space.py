@@ -125,7 +125,10 @@ class Space:
         return self.min_free + self.reserved + n - self.disk_free()
 
     def needs_room(self, n: int) -> bool:
-        return self._over(n) > 0
+        """Must a write of `n` more bytes call reserve() first?"""
+        if self._over(n) > 0:
+            return True
+        return bool(self.engine.hot.trash.waiting) and self._disk_short(n) > 0
 
     def evict(self, need: int, spare_busy: bool = True) -> int:
         """Drop clean, unpinned extents (LRU first) until `need` bytes are freed;
@@ -221,15 +224,18 @@ class Space:
     async def reserve(self, n: int) -> None:
         """Wait until `n` bytes of new hot data fit; ENOSPC if they never can or the
         hot tier has been stuck for longer than wait_limit."""
+        waited_for_trash = False
         while True:
             over = self._over(n)
             if over <= 0:
                 trash = self.engine.hot.trash
-                if trash.waiting and self._disk_short(n) > 0:
-                    # The room is in files the trash has yet to empty.
-                    await trio.to_thread.run_sync(trash.settle, TRASH_WAIT)
-                    self._free_cache = (0.0, 0)
-                return
+                if waited_for_trash or not (trash.waiting and self._disk_short(n) > 0):
+                    return
+                # The room is in files the trash has yet to empty (once, bounded).
+                await trio.to_thread.run_sync(trash.settle, TRASH_WAIT)
+                self._free_cache = (0.0, 0)
+                waited_for_trash = True
+                continue
             if self.evict(over) > 0:
                 continue
             if not self.index.dirty and not self.reserved:
