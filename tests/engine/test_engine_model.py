@@ -345,13 +345,13 @@ def test_an_unexpected_upload_error_backs_off_and_is_logged_once(tmp_path, monke
     the upload goes through once the error is gone."""
     async def scenario():
         async with _stack(tmp_path, allowed_errors=("upload of inode",)) as s:
-            real, failing = s.uploader._dirty_copy, [True]
+            real, failing = s.uploader._dirty_state, [True]
 
-            def dirty_copy(key, with_fd=True):  # where it takes a descriptor
+            def dirty_state(key):  # as where the upload takes a descriptor
                 if failing[0]:
                     raise OSError(errno.EMFILE, "Too many open files")
-                return real(key, with_fd)
-            monkeypatch.setattr(s.uploader, "_dirty_copy", dirty_copy)
+                return real(key)
+            monkeypatch.setattr(s.uploader, "_dirty_state", dirty_state)
             ino = s.create()
             await s.engine.write(ino, 0, A)
             await until(lambda: s.engine.stats.counters["upload_errors"] >= 3, timeout=15,

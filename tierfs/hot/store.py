@@ -32,7 +32,7 @@ import threading
 
 from ..checksum import HotCopyCheck
 from ..errors import FsError
-from .trash import Trash
+from . import trash as trash_module
 
 MAX_SPARES = 65536  # empty inodes kept for reuse (a few MiB of inode table)
 # A temp file is opened without O_TRUNC: a spare is empty already, and on ext4 a
@@ -41,7 +41,6 @@ MAX_SPARES = 65536  # empty inodes kept for reuse (a few MiB of inode table)
 # leaving them to the kernel's writeback.
 TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC
 CHECK_PIECE = 1 << 20  # copy_matches reads an extent file in pieces of this size
-TRASH_WAIT = 5.0  # seconds a write that finds the disk full waits for the trash to empty
 
 _local = threading.local()
 
@@ -92,7 +91,7 @@ class HotStore:
         # The kernel grants leases here (until it says no), and a lease break cannot
         # kill this process (_ignore_lease_breaks).
         self.leases = _ignore_lease_breaks()
-        self.trash = Trash(root.rstrip("/") + ".trash", self._recycle)
+        self.trash = trash_module.Trash(root.rstrip("/") + ".trash", self._recycle)
 
     def _empty_spares(self) -> list[str]:
         """Names of the spares left in the spare directory. One with bytes in it was
@@ -294,7 +293,7 @@ class HotStore:
         except OSError as e:
             if e.errno != errno.ENOSPC or not self.trash.waiting:
                 raise
-        self.trash.settle(TRASH_WAIT)
+        self.trash.settle(trash_module.WAIT)
         return self._write_temp(ino, idx, data)
 
     def _write_temp(self, ino: int, idx: int, data: bytes) -> str:

@@ -2,8 +2,8 @@
 them.
 
 Emptying the file of a dropped hot copy (an `ftruncate` that frees its blocks, to
-keep the inode as a spare, or an unlink) costs about 1.5 ms for a 4 MiB extent on
-ext4. Done where the copy was dropped, on the trio thread, deleting a 4 GiB file
+keep the inode as a spare, or an unlink) cost 1.3-1.8 ms per 4 MiB extent on ext4
+(the delete of scripts/bench_stall.py: 1,024 extents). Done where the copy was dropped, on the trio thread, deleting a 4 GiB file
 held every request of the mount for 1.3-1.9 s, and an eviction down to the low
 watermark as long per 1,024 extents (README, Benchmark: "Requests while hot copies
 are dropped"). Now:
@@ -31,6 +31,7 @@ from typing import Callable
 log = logging.getLogger(__name__)
 
 MAX_FDS = 256  # descriptors waiting here at most; beyond, the caller closes its own
+WAIT = 5.0  # seconds a write that needs the room of files in here waits for them
 
 
 class Trash:

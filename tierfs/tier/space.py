@@ -27,11 +27,11 @@ import trio
 
 from ..config import format_size, min_cache_size
 from ..errors import FsError, UserError
+from ..hot import trash as trash_module
 from ..meta.schema import HOT
 
 log = logging.getLogger(__name__)
 
-TRASH_WAIT = 5.0  # seconds a write waits for the trash to free the disk room it needs
 EVICT_BATCH = 256  # extents evicted per pass of the trio loop down to the low watermark
 
 
@@ -232,7 +232,7 @@ class Space:
                 if waited_for_trash or not (trash.waiting and self._disk_short(n) > 0):
                     return
                 # The room is in files the trash has yet to empty (once, bounded).
-                await trio.to_thread.run_sync(trash.settle, TRASH_WAIT)
+                await trio.to_thread.run_sync(trash.settle, trash_module.WAIT)
                 self._free_cache = (0.0, 0)
                 waited_for_trash = True
                 continue

@@ -191,10 +191,11 @@ class Uploader:
         engine = self.engine
         ino, idx = key
         await self.ids_ready()
-        got = self._dirty_copy(key)
-        if got is None:
+        got = self._dirty_state(key)
+        fd = None if got is None else engine.hot.dup_fd(ino, idx)
+        if fd is None:
             return
-        gen, fd, length = got
+        gen, length = got
         obj_id = engine.meta.next_object_id()
         name = object_name(obj_id)
 
@@ -255,10 +256,9 @@ class Uploader:
         self.last_error = None
         return out
 
-    def _dirty_copy(self, key: Key, with_fd: bool = True):
-        """(write generation, descriptor, length) of a dirty extent to upload now, or
-        None (clean, held by a direct writer, removed: bookkeeping done here).
-        with_fd=False: no descriptor (None in its place); the caller opens the file."""
+    def _dirty_state(self, key: Key) -> tuple[int, int] | None:
+        """(write generation, length) of a dirty extent to upload now, or None
+        (clean, held by a direct writer, removed: bookkeeping done here)."""
         engine = self.engine
         ino, idx = key
         info = engine.index.dirty.get(key)
@@ -276,10 +276,7 @@ class Uploader:
         if ext is None or not ext.dirty or length <= 0:
             engine.index.cleaned(key, info.gen)
             return None
-        if not with_fd:
-            return info.gen, None, length
-        fd = engine.hot.dup_fd(ino, idx)
-        return None if fd is None else (info.gen, fd, length)
+        return info.gen, length
 
     async def upload_pack(self, batch: list[Key]) -> None:
         """Upload the dirty extents of `batch` as one object; commit, in one
@@ -296,10 +293,9 @@ class Uploader:
         await self.ids_ready()
         pieces = []  # (key, generation, length)
         for key in batch:
-            got = self._dirty_copy(key, with_fd=False)
+            got = self._dirty_state(key)
             if got is not None:
-                gen, _fd, length = got
-                pieces.append((key, gen, length))
+                pieces.append((key, *got))
         if not pieces:
             return
         obj_id = engine.meta.next_object_id()
