@@ -301,9 +301,11 @@ class Control:
                                      if held else "")
                                   + "; they keep uploading")
         else:
-            self.daemon.uploader.urgent = (self.daemon.uploader.urgent or set()) | (inos or set())
             if inos is None:
                 self.daemon.space.need_upload.set()
+            else:
+                for ino in inos:
+                    self.engine.index.rush_inode(ino)
             self.daemon.uploader.kick()
         return {"dirty_bytes_before": before, "dirty_bytes": self.engine.index.dirty_bytes}
 

@@ -1,5 +1,7 @@
 """In-memory index of the hot tier: which extents are hot, their sizes, LRU order
-of the evictable ones, and the dirty set with write generations.
+of the evictable ones, and the dirty set with write generations, queued for the
+uploader least recently written first, so that its rounds look at what is due and
+never walk the whole backlog.
 
 Pure bookkeeping, no I/O: the engine keeps it in step with the metadata.
 """
@@ -33,6 +35,13 @@ class HotIndex:
         # Evictable extents (clean, unpinned), least recently used first.
         self.lru: collections.OrderedDict[Key, None] = collections.OrderedDict()
         self.dirty: dict[Key, DirtyInfo] = {}
+        # Dirty extents no upload has taken, least recently written first, but those
+        # to upload at once (found at start, or of a rushed inode) at the front: the
+        # uploader reads from the front and stops at the first one not due yet.
+        self.queued: collections.OrderedDict[Key, None] = collections.OrderedDict()
+        self.rush: set[int] = set()  # inodes whose dirty extents upload without delay
+        self._dirty_per_ino: collections.Counter[int] = collections.Counter()
+        self.last_write = 0.0  # monotonic time of the latest write
         self.pinned: set[Key] = set()
         # Extents direct writers hold (tier/direct_write.py): how many writers each.
         # They are dirty, never uploaded, and counted as whole extents.
@@ -55,8 +64,8 @@ class HotIndex:
             self.pinned.add(key)
         if dirty:
             when = time.monotonic() if last_write is None else last_write
-            self.dirty[key] = DirtyInfo(next(_generations), when, found=last_write is not None)
-            self.dirty_bytes += size
+            self._make_dirty(key, DirtyInfo(next(_generations), when,
+                                            found=last_write is not None))
         elif not pinned:
             self.lru[key] = None
 
@@ -73,8 +82,30 @@ class HotIndex:
         self.lru.pop(key, None)
         self.pinned.discard(key)
         self.held.pop(key, None)
-        if self.dirty.pop(key, None) is not None:
-            self.dirty_bytes -= size
+        if key in self.dirty:
+            self._drop_dirty(key, size)
+
+    def _make_dirty(self, key: Key, info: DirtyInfo) -> None:
+        self.dirty[key] = info
+        self.dirty_bytes += self.sizes[key]
+        self._dirty_per_ino[key[0]] += 1
+        self._queue(key)
+
+    def _drop_dirty(self, key: Key, size: int) -> None:
+        del self.dirty[key]
+        self.queued.pop(key, None)
+        self.dirty_bytes -= size
+        ino = key[0]
+        self._dirty_per_ino[ino] -= 1
+        if not self._dirty_per_ino[ino]:
+            del self._dirty_per_ino[ino]
+            self.rush.discard(ino)  # all of it uploaded: later writes wait as usual
+
+    def _queue(self, key: Key) -> None:
+        """(Re)place a dirty extent in the upload queue: at the front if it is to go
+        at once, else at the back (the most recently written)."""
+        self.queued[key] = None
+        self.queued.move_to_end(key, last=not (self.dirty[key].found or key[0] in self.rush))
 
     def grow(self, key: Key, size: int) -> None:
         """An extent file grew to `size` bytes (writes)."""
@@ -102,23 +133,47 @@ class HotIndex:
             self.grow(key, end)
             if key not in self.dirty:
                 self.lru.pop(key, None)
-                self.dirty[key] = DirtyInfo(0, 0.0)
-                self.dirty_bytes += self.sizes[key]
+                self._make_dirty(key, DirtyInfo(0, 0.0))
         info = self.dirty[key]
         info.gen = next(_generations)
-        info.last_write = time.monotonic()
+        info.last_write = self.last_write = time.monotonic()
         info.found = False
+        if key in self.queued:  # one an upload has taken goes back when that ends
+            self._queue(key)
 
     def cleaned(self, key: Key, gen: int) -> bool:
         """An upload of generation `gen` finished; clean unless written since."""
         info = self.dirty.get(key)
         if info is None or info.gen != gen:
             return False
-        del self.dirty[key]
-        self.dirty_bytes -= self.sizes.get(key, 0)
+        self._drop_dirty(key, self.sizes.get(key, 0))
         if key not in self.pinned:
             self.lru[key] = None
         return True
+
+    def take(self, key: Key) -> None:
+        """An upload takes a dirty extent: out of the queue until give_back()."""
+        self.queued.pop(key, None)
+
+    def give_back(self, key: Key) -> None:
+        """An upload of `key` ended: queue it again if it is still dirty (written
+        meanwhile, or the upload failed)."""
+        if key in self.dirty and key not in self.queued:
+            self._queue(key)
+
+    def rush_inode(self, ino: int) -> None:
+        """Upload the dirty extents of `ino` without waiting for their delay (sync,
+        or a file other nodes wait for), and those written later too, until none is
+        left dirty."""
+        if not self._dirty_per_ino.get(ino):
+            return
+        self.rush.add(ino)
+        for idx in sorted(self.by_ino.get(ino, ()), reverse=True):  # ends in file order
+            if (ino, idx) in self.queued:
+                self.queued.move_to_end((ino, idx), last=False)
+
+    def has_dirty(self, ino: int) -> bool:
+        return bool(self._dirty_per_ino.get(ino))
 
     def touch(self, key: Key) -> None:
         if key in self.lru:

@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 MAX_WAIT_FACTOR = 4
 MAX_BACKOFF_S = 5.0  # between upload rounds while the bucket fails
 PACKS_IN_FLIGHT = 2
+# Uploads handed out ahead of a free slot: per --upload-parallel slot for single
+# extents, in all for packs. The rest of a backlog waits in the index's queue.
+SINGLES_AHEAD = 4
+PACKS_AHEAD = PACKS_IN_FLIGHT + 1
 
 
 async def _nothing() -> None:
@@ -50,9 +54,8 @@ class Uploader:
         self.pack_below, self.pack_size = pack_below, pack_size
         # A pack is held in memory while it is read and put: two at a time bound that.
         self.pack_limit = trio.CapacityLimiter(PACKS_IN_FLIGHT)
-        self.in_flight: set[Key] = set()
-        self.urgent: set[int] | None = None   # inodes to upload now (sync), None = none
-        self.hurried: set[int] = set()         # inodes other nodes may wait for: no delay
+        self.in_flight: set[Key] = set()  # handed to an upload (running or waiting for a slot)
+        self.singles_out = self.packs_out = 0  # such uploads of one extent, of a pack
         self.on_finished = lambda inos: None   # uploads of these inodes ended
         self.ids_ready = _nothing                # awaited before an object id is taken
         self._wake = trio.Event()
@@ -69,66 +72,58 @@ class Uploader:
     def hurry(self, ino: int) -> None:
         """Upload a file's dirty extents without the usual delay (a shared namespace:
         it was closed, and other nodes read it only once it is in the bucket)."""
-        self.hurried.add(ino)
+        self.engine.index.rush_inode(ino)
         self.kick()
 
-    def _due(self, now: float) -> list[Key]:
-        if self.paused():
-            return []
+    def _due(self, now: float):
+        """Due extents no upload has taken, in queue order: least recently written
+        first, those to go at once before them. Reads the queue only up to the first
+        extent not due yet, so a round costs what it hands out, not the backlog."""
+        index = self.engine.index
         urgent_all = self.space.need_upload.is_set()
-        urgent = self.urgent or set()
-        dirty = self.engine.index.dirty
         # While the mount is being written, uploads wait (they would take CPU and disk
         # from the writer), but never longer than MAX_WAIT_FACTOR delays. Extents found
         # dirty at mount do not wait at all: whoever wrote them is gone.
-        writing = any(now - info.last_write < self.delay for info in dirty.values())
+        writing = now - index.last_write < self.delay
         quiet_for = self.delay * (MAX_WAIT_FACTOR if writing else 1)
-        due = []
-        held = self.engine.index.held  # a direct writer is writing them
-        hurried = self.hurried
-        for key, info in dirty.items():
+        held, rush = index.held, index.rush  # held: a direct writer is writing them
+        for key in index.queued:
             if key in self.in_flight or key in held:
                 continue
-            if (urgent_all or info.found or key[0] in urgent or key[0] in hurried
+            info = index.dirty[key]
+            if not (urgent_all or info.found or key[0] in rush
                     or now - info.last_write >= quiet_for):
-                due.append(key)
-        if hurried:
-            self.hurried = hurried & {k[0] for k in dirty}
-        return due
+                return  # the rest were written later still
+            yield key
 
-    async def run(self) -> None:
-        async with trio.open_nursery() as nursery:
-            while True:
-                now = time.monotonic()
-                if now >= self.backoff_until:
-                    single, packs = self._packs(self._due(now))
-                    for key in single:
-                        self.in_flight.add(key)
-                        nursery.start_soon(self._upload_one, key)
-                    for batch in packs:
-                        self.in_flight.update(batch)
-                        nursery.start_soon(self._upload_pack, batch)
-                    self.space.need_upload = trio.Event()
-                with trio.move_on_after(min(0.5, max(self.delay / 2, 0.05))):
-                    await self._wake.wait()
-                self._wake = trio.Event()
-
-    def _packs(self, due: list[Key]) -> tuple[list[Key], list[list[Key]]]:
-        """Split due extents into those uploaded alone and batches to pack: extents of
-        files up to pack_below bytes, in inode order, up to pack_size bytes a batch."""
-        if not self.pack_below:
-            return due, []
+    def _select(self, now: float) -> tuple[list[Key], list[list[Key]], bool]:
+        """Hand out due extents, as many as the uploads under way leave room for:
+        (extents uploaded alone, batches to pack, whether due ones are left). Extents
+        of files up to pack_below bytes are packed, in inode order, up to pack_size
+        bytes a batch. Only a few uploads wait for a slot at any time, so a backlog of
+        any size costs neither a task nor a round's walk per extent."""
+        if self.paused():
+            return [], [], False
         E = self.engine.E
-        sizes: dict[int, int] = {}
-        single, small = [], []
-        for key in due:
+        single_room = SINGLES_AHEAD * int(self.limit.total_tokens) - self.singles_out
+        pack_room = (PACKS_AHEAD - self.packs_out) * self.pack_size
+        single, small, sizes = [], [], {}
+        small_bytes, left = 0, False
+        for key in self._due(now):
             ino = key[0]
-            if ino not in sizes:
-                try:
-                    sizes[ino] = self.engine.meta.get_inode(ino).size
-                except FsError:
-                    sizes[ino] = -1  # purged: upload() sorts it out
-            (small if 0 < sizes[ino] <= self.pack_below else single).append(key)
+            if self.pack_below and ino not in sizes:
+                sizes[ino] = self._size(ino)
+            if self.pack_below and 0 < sizes[ino] <= self.pack_below:
+                if small_bytes >= pack_room:
+                    left = True
+                    break
+                small.append(key)
+                small_bytes += max(0, min(E, sizes[ino] - key[1] * E))
+            else:
+                if len(single) >= single_room:
+                    left = True
+                    break
+                single.append(key)
         batches: list[list[Key]] = []
         batch, nbytes = [], 0
         for key in sorted(small):
@@ -141,7 +136,38 @@ class Uploader:
         if batch:
             batches.append(batch)
         single += [b[0] for b in batches if len(b) == 1]
-        return single, [b for b in batches if len(b) > 1]
+        return single, [b for b in batches if len(b) > 1], left
+
+    def _size(self, ino: int) -> int:
+        try:
+            return self.engine.meta.get_inode(ino).size
+        except FsError:
+            return -1  # purged: upload() sorts it out
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            while True:
+                now = time.monotonic()
+                if now >= self.backoff_until:
+                    single, packs, left = self._select(now)
+                    for key in single:
+                        self._take([key])
+                        self.singles_out += 1
+                        nursery.start_soon(self._upload_one, key)
+                    for batch in packs:
+                        self._take(batch)
+                        self.packs_out += 1
+                        nursery.start_soon(self._upload_pack, batch)
+                    if not left:  # a full hot tier's call is answered once all is out
+                        self.space.need_upload = trio.Event()
+                with trio.move_on_after(min(0.5, max(self.delay / 2, 0.05))):
+                    await self._wake.wait()
+                self._wake = trio.Event()
+
+    def _take(self, keys: list[Key]) -> None:
+        self.in_flight.update(keys)
+        for key in keys:
+            self.engine.index.take(key)
 
     async def _upload_one(self, key: Key) -> None:
         try:
@@ -152,6 +178,7 @@ class Uploader:
         except Exception as e:
             self._failed(e, f"inode {key[0]} extent {key[1]}", unexpected=True)
         finally:
+            self.singles_out -= 1
             self._finished([key])
 
     async def _upload_pack(self, batch: list[Key]) -> None:
@@ -163,6 +190,7 @@ class Uploader:
         except Exception as e:
             self._failed(e, f"a pack of {len(batch)} extents", unexpected=True)
         finally:
+            self.packs_out -= 1
             self._finished(batch)
 
     def _failed(self, e: Exception, what: str, unexpected: bool = False) -> None:
@@ -183,9 +211,12 @@ class Uploader:
 
     def _finished(self, keys: list[Key]) -> None:
         self.in_flight.difference_update(keys)
+        for key in keys:
+            self.engine.index.give_back(key)
         self.on_finished({k[0] for k in keys})
         self.changed.set()
         self.changed = trio.Event()
+        self.kick()  # a slot is free: hand out what waits for one
 
     async def upload(self, key: Key) -> None:
         engine = self.engine
@@ -360,18 +391,16 @@ class Uploader:
     async def flush(self, inos: set[int] | None) -> None:
         """Upload every dirty extent of `inos` (all if None) now and wait for it."""
         index = self.engine.index
-
-        def pending() -> bool:
-            return any(inos is None or k[0] in inos for k in index.dirty)
-
-        while pending():
-            if inos is None:
+        waiting = None if inos is None else {ino for ino in inos if index.has_dirty(ino)}
+        while index.dirty if waiting is None else waiting:
+            if waiting is None:
                 self.space.need_upload.set()
-            else:
-                self.urgent = (self.urgent or set()) | inos
+            else:  # again for those dirty anew since their last extent went up
+                for ino in waiting - index.rush:
+                    index.rush_inode(ino)
             if self.failures:
                 self.backoff_until = 0.0
             self.kick()
             await self.changed.wait()
-        if inos is not None and self.urgent:
-            self.urgent -= inos
+            if waiting is not None:
+                waiting = {ino for ino in waiting if index.has_dirty(ino)}
