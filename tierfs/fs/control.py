@@ -310,8 +310,7 @@ class Control:
         return {"dirty_bytes_before": before, "dirty_bytes": self.engine.index.dirty_bytes}
 
     def _dirty(self, inos) -> int:
-        index = self.engine.index
-        return sum(index.sizes.get(k, 0) for k in index.dirty if inos is None or k[0] in inos)
+        return self.engine.index.dirty_bytes_of(inos)
 
     async def _sync_wait(self, inos) -> None:
         await self._check_lease()

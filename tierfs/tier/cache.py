@@ -41,6 +41,7 @@ class HotIndex:
         self.queued: collections.OrderedDict[Key, None] = collections.OrderedDict()
         self.rush: set[int] = set()  # inodes whose dirty extents upload without delay
         self._dirty_per_ino: collections.Counter[int] = collections.Counter()
+        self._dirty_bytes_per_ino: collections.Counter[int] = collections.Counter()
         self.last_write = 0.0  # monotonic time of the latest write
         self.pinned: set[Key] = set()
         # Extents direct writers hold (tier/direct_write.py): how many writers each.
@@ -87,19 +88,23 @@ class HotIndex:
 
     def _make_dirty(self, key: Key, info: DirtyInfo) -> None:
         self.dirty[key] = info
-        self.dirty_bytes += self.sizes[key]
+        self._count_dirty(key, self.sizes[key])
         self._dirty_per_ino[key[0]] += 1
         self._queue(key)
 
     def _drop_dirty(self, key: Key, size: int) -> None:
         del self.dirty[key]
         self.queued.pop(key, None)
-        self.dirty_bytes -= size
+        self._count_dirty(key, -size)
         ino = key[0]
         self._dirty_per_ino[ino] -= 1
         if not self._dirty_per_ino[ino]:
-            del self._dirty_per_ino[ino]
+            del self._dirty_per_ino[ino], self._dirty_bytes_per_ino[ino]
             self.rush.discard(ino)  # all of it uploaded: later writes wait as usual
+
+    def _count_dirty(self, key: Key, nbytes: int) -> None:
+        self.dirty_bytes += nbytes
+        self._dirty_bytes_per_ino[key[0]] += nbytes
 
     def _queue(self, key: Key) -> None:
         """(Re)place a dirty extent in the upload queue: at the front if it is to go
@@ -114,7 +119,7 @@ class HotIndex:
             self.sizes[key] = size
             self.total += size - old
             if key in self.dirty:
-                self.dirty_bytes += size - old
+                self._count_dirty(key, size - old)
 
     def set_size(self, key: Key, size: int) -> None:
         old = self.sizes.get(key)
@@ -123,7 +128,7 @@ class HotIndex:
         self.sizes[key] = size
         self.total += size - old
         if key in self.dirty:
-            self.dirty_bytes += size - old
+            self._count_dirty(key, size - old)
 
     def written(self, key: Key, end: int) -> None:
         """Record a write into the extent file up to byte `end`."""
@@ -157,7 +162,8 @@ class HotIndex:
 
     def give_back(self, key: Key) -> None:
         """An upload of `key` ended: queue it again if it is still dirty (written
-        meanwhile, or the upload failed)."""
+        meanwhile, or the upload failed), at the back: at worst it waits for those
+        ahead of it to come due, which takes no longer than their delay."""
         if key in self.dirty and key not in self.queued:
             self._queue(key)
 
@@ -174,6 +180,16 @@ class HotIndex:
 
     def has_dirty(self, ino: int) -> bool:
         return bool(self._dirty_per_ino.get(ino))
+
+    def dirty_bytes_of(self, inos) -> int:
+        """Bytes not uploaded yet of `inos` (all inodes if None), without a walk over
+        the dirty extents (`sync --wait` asks twice a second)."""
+        if inos is None:
+            return self.dirty_bytes
+        per_ino = self._dirty_bytes_per_ino
+        if len(inos) > len(per_ino):
+            return sum(n for ino, n in per_ino.items() if ino in inos)
+        return sum(per_ino.get(ino, 0) for ino in inos)
 
     def touch(self, key: Key) -> None:
         if key in self.lru:
