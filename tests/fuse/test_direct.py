@@ -23,6 +23,8 @@ import pytest
 import tierfs
 from tierfs import direct as tdirect
 from tierfs import read_pool
+from tierfs.client import call
+from tierfs.mount_file import MountFile
 from tests.harness import cached_pages, in_child_as, short_tmpdir, wait_until, write_file
 from tierfs.hot import HotStore, pagecache
 from tests.fuse.test_tiering import pattern
@@ -175,7 +177,7 @@ def test_small_files_are_read_through_the_mount(pub, monkeypatch):
     write_file(m.path("large"), large)
     before = counters(m)
     with tierfs.open(m.path("small"), "rb") as f:
-        assert isinstance(f.raw, io.FileIO) and f.read() == small
+        assert isinstance(f.raw, MountFile) and f.read() == small
     with tierfs.open(m.path("large"), "rb") as f:
         assert is_direct(f) and f.read() == large
     after = counters(m)
@@ -186,6 +188,75 @@ def test_small_files_are_read_through_the_mount(pub, monkeypatch):
     finally:
         files[0].close()
     assert grew(after, counters(m), "direct_open_files") == 1
+
+
+def fuse_ops(m) -> dict:
+    """FUSE requests the daemon answered so far, by kind, asked over the control
+    socket (finding the daemon through the mount would add requests of its own)."""
+    sock = os.path.join(m.cache_dir, "control.sock")
+    return call(m.mountpoint, "status", daemon={"socket": sock})["fuse_ops"]
+
+
+def test_a_small_file_costs_the_daemon_an_open_and_a_release(pub, monkeypatch):
+    """open() fstats every file, and on a mount with the writeback cache the block
+    count the kernel forgets at every close costs a getattr each time. tierfs.open of
+    a small file asks the kernel only what it has cached: the daemon answers an open
+    and a release per file, nothing else (the pages are in the page cache)."""
+    monkeypatch.setattr(tdirect, "MOUNT_BELOW", DEFAULT_MOUNT_BELOW)
+    m = pub()
+    data = pattern(3 * E + 5, 22)
+    write_file(m.path("f"), data)
+    n = 10
+
+    def requests_of(opener, buffering) -> dict:
+        before = fuse_ops(m)
+        for _ in range(n):
+            with opener(m.path("f"), "rb", buffering=buffering) as f:
+                assert f.read() == data
+        # A release reaches the daemon after close() returns.
+        return wait_until(lambda: (d := {op: k - before.get(op, 0) for op, k in
+                                         fuse_ops(m).items() if k != before.get(op, 0)}
+                                   ).get("release", 0) >= n and d, 30, f"{n} releases")
+
+    for buffering in (-1, 0):
+        requests_of(tierfs.open, buffering)  # pages and attributes cached
+        assert requests_of(open, buffering).get("getattr", 0) >= n  # what is saved
+        assert requests_of(tierfs.open, buffering) == {"open": n, "release": n}
+
+
+def test_a_small_file_object_behaves_as_open_gives_it(pub, monkeypatch):
+    monkeypatch.setattr(tdirect, "MOUNT_BELOW", DEFAULT_MOUNT_BELOW)
+    m = pub()
+    data = pattern(2 * E + 77, 23)
+    write_file(m.path("f"), data)
+    with tierfs.open(m.path("f"), "rb", buffering=0) as raw:
+        assert isinstance(raw, MountFile)
+        assert raw.name == m.path("f") and raw.mode == "rb"
+        assert raw.readable() and raw.seekable() and not raw.writable()
+        assert raw.read(10) == data[:10] and raw.tell() == 10
+        assert os.lseek(raw.fileno(), 0, os.SEEK_CUR) == 10  # its descriptor's offset
+        assert raw.seek(-7, io.SEEK_END) == len(data) - 7 and raw.readall() == data[-7:]
+        raw.seek(E)
+        buf = bytearray(E)
+        assert raw.readinto(buf) == E and bytes(buf) == data[E:2 * E]
+        assert os.read(raw.fileno(), 5) == data[2 * E:2 * E + 5]
+        assert raw.read() == data[2 * E + 5:] and raw.read() == b""
+    with pytest.raises(ValueError):
+        raw.read(1)
+    with tierfs.open(m.path("f"), "rb") as f:
+        assert isinstance(f, io.BufferedReader) and f.name == m.path("f")
+        assert f.read(100) == data[:100] and f.read() == data[100:]
+    with tierfs.open(os.fsencode(m.path("f")), "rb") as f:  # a bytes path stays one
+        assert f.name == os.fsencode(m.path("f")) and f.read() == data
+    os.chmod(m.path("f"), 0o600)  # the kernel checks the open, as for open()
+
+    def read_as_other():
+        with tierfs.open(m.path("f"), "rb") as f:
+            return f.read().hex()
+    assert as_user(NOBODY, NOBODY, [], read_as_other) == {
+        "errno": errno.EACCES, "type": "PermissionError"}
+    os.chmod(m.path("f"), 0o644)
+    assert as_user(NOBODY, NOBODY, [], read_as_other) == data.hex()
 
 
 def test_seek_tell_read_and_readinto(pub):
