@@ -248,6 +248,15 @@ def test_a_small_file_object_behaves_as_open_gives_it(pub, monkeypatch):
         assert f.read(100) == data[:100] and f.read() == data[100:]
     with tierfs.open(os.fsencode(m.path("f")), "rb") as f:  # a bytes path stays one
         assert f.name == os.fsencode(m.path("f")) and f.read() == data
+    obj = {"weights": list(range(500)), "blob": data[:1000]}
+    with open(m.path("obj.pkl"), "wb") as f:
+        pickle.dump(obj, f)
+    with zipfile.ZipFile(m.path("a.zip"), "w") as z:
+        z.writestr("x.bin", data[:E])
+    with tierfs.open(m.path("obj.pkl"), "rb") as f:   # libraries read through it
+        assert isinstance(f.raw, MountFile) and pickle.load(f) == obj
+    with tierfs.open(m.path("a.zip"), "rb") as f, zipfile.ZipFile(f) as z:
+        assert isinstance(f.raw, MountFile) and z.read("x.bin") == data[:E]
     os.chmod(m.path("f"), 0o600)  # the kernel checks the open, as for open()
 
     def read_as_other():
