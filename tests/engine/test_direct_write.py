@@ -134,7 +134,7 @@ def test_unwritten_extents_held_ahead_leave_nothing_behind(tmp_path):
                 os.close(fd)
             assert writes.release(ino, [i for i, _fd in granted]) == 10
             assert sorted(s.meta.all_extents(ino)) == [0]
-            assert sorted(s.engine.index.by_ino[ino]) == [0]
+            assert s.engine.index.indices(ino) == [0]
             await settle(s)
 
     run(scenario)

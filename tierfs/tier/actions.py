@@ -34,7 +34,7 @@ async def prefetch(engine, ino: int, parallel: int = 8, for_write: bool = True,
 def hot_bytes(engine, ino: int) -> int:
     """Bytes of a file whose extents are in the hot tier now."""
     size, E = engine.meta.get_inode(ino).size, engine.E
-    return sum(min(E, max(0, size - i * E)) for i in engine.index.by_ino.get(ino, ()))
+    return sum(min(E, max(0, size - i * E)) for i in engine.index.extents_of(ino))
 
 
 async def prefetch_many(engine, inos: list[int], parallel: int = 8) -> dict:

@@ -31,7 +31,9 @@ class DirtyInfo:
 class HotIndex:
     def __init__(self):
         self.sizes: dict[Key, int] = {}
-        self.by_ino: dict[int, set[int]] = {}
+        # Extent indices of each inode: the index itself while it has one (most files
+        # are small: a set per inode cost 216 bytes each), a set from the second on.
+        self._by_ino: dict[int, int | set[int]] = {}
         # Evictable extents (clean, unpinned), least recently used first.
         self.lru: collections.OrderedDict[Key, None] = collections.OrderedDict()
         self.dirty: dict[Key, DirtyInfo] = {}
@@ -40,8 +42,7 @@ class HotIndex:
         # uploader reads from the front and stops at the first one not due yet.
         self.queued: collections.OrderedDict[Key, None] = collections.OrderedDict()
         self.rush: set[int] = set()  # inodes whose dirty extents upload without delay
-        self._dirty_per_ino: collections.Counter[int] = collections.Counter()
-        self._dirty_bytes_per_ino: collections.Counter[int] = collections.Counter()
+        self._dirty_per_ino: dict[int, int] = {}  # dirty extents of each inode that has any
         self.last_write = 0.0  # monotonic time of the latest write
         self.pinned: set[Key] = set()
         # Extents direct writers hold (tier/direct_write.py): how many writers each.
@@ -59,7 +60,14 @@ class HotIndex:
         if held:
             self.held[key] = held
         self.sizes[key] = size
-        self.by_ino.setdefault(key[0], set()).add(key[1])
+        ino, idx = key
+        have = self._by_ino.get(ino)
+        if have is None:
+            self._by_ino[ino] = idx
+        elif isinstance(have, set):
+            have.add(idx)
+        elif have != idx:
+            self._by_ino[ino] = {have, idx}
         self.total += size
         if pinned:
             self.pinned.add(key)
@@ -75,11 +83,14 @@ class HotIndex:
         if size is None:
             return
         self.total -= size
-        idxs = self.by_ino.get(key[0])
-        if idxs is not None:
-            idxs.discard(key[1])
-            if not idxs:
-                del self.by_ino[key[0]]
+        ino, idx = key
+        have = self._by_ino.get(ino)
+        if isinstance(have, set):
+            have.discard(idx)
+            if len(have) == 1:
+                self._by_ino[ino] = next(iter(have))
+        elif have == idx:
+            del self._by_ino[ino]
         self.lru.pop(key, None)
         self.pinned.discard(key)
         self.held.pop(key, None)
@@ -88,23 +99,21 @@ class HotIndex:
 
     def _make_dirty(self, key: Key, info: DirtyInfo) -> None:
         self.dirty[key] = info
-        self._count_dirty(key, self.sizes[key])
-        self._dirty_per_ino[key[0]] += 1
+        self.dirty_bytes += self.sizes[key]
+        self._dirty_per_ino[key[0]] = self._dirty_per_ino.get(key[0], 0) + 1
         self._queue(key)
 
     def _drop_dirty(self, key: Key, size: int) -> None:
         del self.dirty[key]
         self.queued.pop(key, None)
-        self._count_dirty(key, -size)
+        self.dirty_bytes -= size
         ino = key[0]
-        self._dirty_per_ino[ino] -= 1
-        if not self._dirty_per_ino[ino]:
-            del self._dirty_per_ino[ino], self._dirty_bytes_per_ino[ino]
+        left = self._dirty_per_ino[ino] - 1
+        if left:
+            self._dirty_per_ino[ino] = left
+        else:
+            del self._dirty_per_ino[ino]
             self.rush.discard(ino)  # all of it uploaded: later writes wait as usual
-
-    def _count_dirty(self, key: Key, nbytes: int) -> None:
-        self.dirty_bytes += nbytes
-        self._dirty_bytes_per_ino[key[0]] += nbytes
 
     def _queue(self, key: Key) -> None:
         """(Re)place a dirty extent in the upload queue: at the front if it is to go
@@ -119,7 +128,7 @@ class HotIndex:
             self.sizes[key] = size
             self.total += size - old
             if key in self.dirty:
-                self._count_dirty(key, size - old)
+                self.dirty_bytes += size - old
 
     def set_size(self, key: Key, size: int) -> None:
         old = self.sizes.get(key)
@@ -128,7 +137,7 @@ class HotIndex:
         self.sizes[key] = size
         self.total += size - old
         if key in self.dirty:
-            self._count_dirty(key, size - old)
+            self.dirty_bytes += size - old
 
     def written(self, key: Key, end: int) -> None:
         """Record a write into the extent file up to byte `end`."""
@@ -174,7 +183,7 @@ class HotIndex:
         if not self._dirty_per_ino.get(ino):
             return
         self.rush.add(ino)
-        for idx in sorted(self.by_ino.get(ino, ()), reverse=True):  # ends in file order
+        for idx in sorted(self.extents_of(ino), reverse=True):  # ends in file order
             if (ino, idx) in self.queued:
                 self.queued.move_to_end((ino, idx), last=False)
 
@@ -182,14 +191,16 @@ class HotIndex:
         return bool(self._dirty_per_ino.get(ino))
 
     def dirty_bytes_of(self, inos) -> int:
-        """Bytes not uploaded yet of `inos` (all inodes if None), without a walk over
-        the dirty extents (`sync --wait` asks twice a second)."""
+        """Bytes not uploaded yet of `inos` (all inodes if None): a walk over the
+        extents of those of them that have dirty ones (`sync --wait` asks twice a
+        second), not over every dirty extent."""
         if inos is None:
             return self.dirty_bytes
-        per_ino = self._dirty_bytes_per_ino
-        if len(inos) > len(per_ino):
-            return sum(n for ino, n in per_ino.items() if ino in inos)
-        return sum(per_ino.get(ino, 0) for ino in inos)
+        per_ino = self._dirty_per_ino
+        dirty_inos = ([ino for ino in per_ino if ino in inos] if len(inos) > len(per_ino)
+                      else [ino for ino in inos if ino in per_ino])
+        return sum(self.sizes[(ino, i)] for ino in dirty_inos for i in self.extents_of(ino)
+                   if (ino, i) in self.dirty)
 
     def touch(self, key: Key) -> None:
         if key in self.lru:
@@ -207,7 +218,12 @@ class HotIndex:
                 self.lru[key] = None
 
     def held_indices(self, ino: int) -> list[int]:
-        return sorted(i for i in self.by_ino.get(ino, ()) if (ino, i) in self.held)
+        return sorted(i for i in self.extents_of(ino) if (ino, i) in self.held)
 
     def indices(self, ino: int) -> list[int]:
-        return sorted(self.by_ino.get(ino, ()))
+        return sorted(self.extents_of(ino))
+
+    def extents_of(self, ino: int):
+        """The indices of the hot extents of `ino`, in no order."""
+        have = self._by_ino.get(ino, ())
+        return (have,) if isinstance(have, int) else have

@@ -905,7 +905,7 @@ class Engine:
         if ino is None:
             keys = list(dirty)
         else:
-            keys = [(ino, i) for i in self.index.by_ino.get(ino, ()) if (ino, i) in dirty]
+            keys = [(ino, i) for i in self.index.extents_of(ino) if (ino, i) in dirty]
         # Parallel fsyncs (an NVMe flushes many files at once far faster), in
         # batches so that a big backlog never holds thousands of fds open.
         for start in range(0, len(keys), 256):
