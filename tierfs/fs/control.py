@@ -305,7 +305,7 @@ class Control:
                 self.daemon.space.need_upload.set()
             else:
                 for ino in inos:
-                    self.engine.index.rush_inode(ino)
+                    self.daemon.uploader.hurry(ino)
             self.daemon.uploader.kick()
         return {"dirty_bytes_before": before, "dirty_bytes": self.engine.index.dirty_bytes}
 

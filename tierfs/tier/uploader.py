@@ -70,8 +70,9 @@ class Uploader:
         self._wake.set()
 
     def hurry(self, ino: int) -> None:
-        """Upload a file's dirty extents without the usual delay (a shared namespace:
-        it was closed, and other nodes read it only once it is in the bucket)."""
+        """Upload a file's dirty extents without the usual delay (`sync` of it; or a
+        shared namespace: it was closed, and other nodes read it only once it is in
+        the bucket)."""
         self.engine.index.rush_inode(ino)
         self.kick()
 
@@ -109,16 +110,23 @@ class Uploader:
         pack_room = (PACKS_AHEAD - self.packs_out) * self.pack_size
         single, small, sizes = [], [], {}
         small_bytes, left = 0, False
+
+        def length(key: Key) -> int:  # of an extent of a small file
+            return max(0, min(E, sizes[key[0]] - key[1] * E))
+
         for key in self._due(now):
             ino = key[0]
-            if self.pack_below and ino not in sizes:
-                sizes[ino] = self._size(ino)
-            if self.pack_below and 0 < sizes[ino] <= self.pack_below:
+            is_small = False
+            if self.pack_below:
+                if ino not in sizes:
+                    sizes[ino] = self._size(ino)
+                is_small = 0 < sizes[ino] <= self.pack_below
+            if is_small:
                 if small_bytes >= pack_room:
                     left = True
                     break
                 small.append(key)
-                small_bytes += max(0, min(E, sizes[ino] - key[1] * E))
+                small_bytes += length(key)
             else:
                 if len(single) >= single_room:
                     left = True
@@ -127,12 +135,11 @@ class Uploader:
         batches: list[list[Key]] = []
         batch, nbytes = [], 0
         for key in sorted(small):
-            length = max(0, min(E, sizes[key[0]] - key[1] * E))
-            if batch and nbytes + length > self.pack_size:
+            if batch and nbytes + length(key) > self.pack_size:
                 batches.append(batch)
                 batch, nbytes = [], 0
             batch.append(key)
-            nbytes += length
+            nbytes += length(key)
         if batch:
             batches.append(batch)
         single += [b[0] for b in batches if len(b) == 1]
