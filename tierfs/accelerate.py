@@ -20,7 +20,7 @@ import os
 import threading
 import time
 
-from .direct import _unescape
+from .mount_table import unescape
 from .direct import open as direct_open
 
 POINTS_TTL = 2.0  # seconds a list of tierfs mount points is kept
@@ -51,7 +51,7 @@ def _tierfs_points() -> tuple[str, ...]:
             for line in f:
                 left, _, right = line.partition(" - ")
                 if right.split(" ", 1)[0] == "fuse.tierfs":
-                    found.append(_unescape(left.split()[4]).rstrip("/") or "/")
+                    found.append(unescape(left.split()[4]).rstrip("/") or "/")
     except OSError:
         pass
     with _lock:

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 from .client import daemon_info
 from . import mount_file, read_pool
+from .mount_table import MountTable, unescape
 from .hot import pagecache
 from .errors import UserError
 
@@ -55,6 +56,7 @@ READALL_TAIL = 4096        # readall(): the last bytes short of this go through 
 # requests cost the daemon less than a control round trip, and the kernel caches its
 # pages (README, Fast path: "Reads"). open_many() batches stay direct at any size.
 MOUNT_BELOW = 1 << 20
+START_READS_BELOW = 1 << 20  # open_many starts the disk reads of files this small
 NEGATIVE_TTL = 30.0        # seconds a "not a tierfs mount" or "use the mount" answer is kept
 _ANC_SPACE = socket.CMSG_SPACE(253 * array.array("i").itemsize)  # the kernel's SCM_MAX_FD
 _ZEROS = bytes(1 << 20)
@@ -62,6 +64,7 @@ _MODES = ("rb", "br")
 
 _lock = threading.Lock()
 _mounts: dict[int, tuple["_Mount | None", float]] = {}  # st_dev -> (mount, valid until)
+_table = MountTable()  # open_many places paths on known mounts by name (mount_table.py)
 _noted: set[str] = set()
 
 
@@ -128,17 +131,10 @@ def _mount_roots(dev: int) -> list[tuple[str, str]]:
                 parts = line.split()
                 major, minor = parts[2].split(":")
                 if os.makedev(int(major), int(minor)) == dev:
-                    out.append((_unescape(parts[4]), _unescape(parts[3])))
+                    out.append((unescape(parts[4]), unescape(parts[3])))
     except (OSError, ValueError, IndexError):
         pass
     return sorted(out, key=lambda r: -len(r[0]))
-
-
-def _unescape(s: str) -> str:
-    """mountinfo writes space, tab, newline and backslash as octal escapes."""
-    for code in ("\\040", "\\011", "\\012", "\\134"):
-        s = s.replace(code, chr(int(code[1:], 8)))
-    return s
 
 
 def _mount_of(path, dev: int) -> _Mount | None:
@@ -169,6 +165,18 @@ def _mount_of(path, dev: int) -> _Mount | None:
     with _lock:
         _mounts[dev] = (mount, until)
     return mount
+
+
+def _placed(path) -> tuple[_Mount, str] | None:
+    """The tierfs mount `path` is on and the path inside it, told by name alone
+    (mount_table.py), if this process found that mount before; None: stat it."""
+    placed = _table.place(path)
+    if placed is None:
+        return None
+    hit = _mounts.get(placed[0])
+    if hit is None or hit[0] is None or hit[1] <= time.monotonic():
+        return None
+    return hit[0], placed[1]
 
 
 def _forget(mount: _Mount) -> None:
@@ -643,17 +651,26 @@ def open(file, mode: str = "rb", buffering: int = -1, encoding=None, errors=None
 
 def open_many(files, buffering: int = -1) -> list:
     """tierfs.open(f, "rb") of every file, resolved by the daemon in as few requests
-    as possible (one per 256 files): for loaders that know their next batch. The
-    first error raises, after closing the files already opened."""
-    return _open_all(list(files), buffering)
+    as possible (one per 256 files): for loaders that know their next batch. Paths
+    on a mount this process has used are placed by name, with no stat of each file
+    (mount_table.py); the daemon then says what open() would raise. The first
+    error raises, after closing the files already opened."""
+    return _open_all(list(files), buffering, by_name=True)
 
 
-def _open_all(files: list, buffering: int, mount_below: int = 0) -> list:
+def _open_all(files: list, buffering: int, mount_below: int = 0,
+              by_name: bool = False) -> list:
     out: list = [None] * len(files)
     todo: dict[_Mount, list[tuple[int, str, object]]] = {}
     try:
         for i, file in enumerate(files):
             path = os.fspath(file)
+            # A batch, by name: the daemon says what open() would (no such file, a
+            # directory...), and no stat costs a FUSE lookup for a name not cached.
+            placed = _placed(path) if by_name else None
+            if placed is not None:
+                todo.setdefault(placed[0], []).append((i, placed[1], path))
+                continue
             # What open() raises for a missing file or a closed path, raised here.
             if mount_file.available:  # type and size from the kernel's cache
                 kind, dev, size = mount_file.kind_dev_size(path)
@@ -682,7 +699,7 @@ def _open_all(files: list, buffering: int, mount_below: int = 0) -> list:
             todo.setdefault(mount, []).append((i, rel, path))
         for mount, items in todo.items():
             for at in range(0, len(items), MAX_PATHS):
-                _open_direct(mount, items[at:at + MAX_PATHS], buffering, out)
+                _open_direct(mount, items[at:at + MAX_PATHS], buffering, out, batch=by_name)
         return out
     except BaseException:
         for f in out:
@@ -692,7 +709,7 @@ def _open_all(files: list, buffering: int, mount_below: int = 0) -> list:
 
 
 def _open_direct(mount: _Mount, items: list, buffering: int, out: list,
-                 retry: bool = True) -> None:
+                 retry: bool = True, batch: bool = False) -> None:
     try:
         answers = _ask(mount, {"paths": [rel for _i, rel, _p in items],
                                "max_fds": mount.max_fds, "first_extents": FIRST_RANGE})
@@ -704,7 +721,7 @@ def _open_direct(mount: _Mount, items: list, buffering: int, out: list,
             rels = [fresh.relative(os.fsdecode(p)) if fresh else None for _i, _r, p in items]
             if fresh is not None and fresh.socket != mount.socket and None not in rels:
                 _open_direct(fresh, [(i, rel, p) for (i, _r, p), rel in zip(items, rels)],
-                             buffering, out, retry=False)
+                             buffering, out, retry=False, batch=batch)
                 return
         _note(str(e), e.level)
         for i, _rel, path in items:
@@ -713,6 +730,8 @@ def _open_direct(mount: _Mount, items: list, buffering: int, out: list,
     except OSError as e:
         raise OSError(e.errno, e.strerror, os.fsdecode(items[0][2])) from None
     got = {int(res["i"]): (res, fds) for res, fds in answers}
+    if batch:
+        _start_reads(got.values())
     try:
         for k, (i, _rel, path) in enumerate(items):
             res, fds = got.pop(k, ({"use_mount": "no answer for this path"}, []))
@@ -720,6 +739,18 @@ def _open_direct(mount: _Mount, items: list, buffering: int, out: list,
     finally:
         for _res, fds in got.values():
             _close_all(fds)
+
+
+def _start_reads(answers) -> None:
+    """Start the disk reads of every small file of a batch at once
+    (POSIX_FADV_WILLNEED): the reader then takes them one by one from the page cache,
+    where each would otherwise wait for its own read."""
+    for res, fds in answers:
+        if len(fds) == 1 and 0 < res.get("size", 0) <= START_READS_BELOW:
+            try:
+                os.posix_fadvise(fds[0], 0, 0, os.POSIX_FADV_WILLNEED)
+            except OSError:
+                pass
 
 
 def _file(mount: _Mount, path, res: dict, fds: list[int], buffering: int):

@@ -15,6 +15,7 @@ import os
 import pickle
 import shutil
 import socket
+import subprocess
 import threading
 import zipfile
 
@@ -455,6 +456,86 @@ def test_open_many_resolves_a_batch_in_one_request(pub):
     assert grew(before, after, "direct_open_files") == 20
     with pytest.raises(FileNotFoundError):
         tierfs.open_many([m.path("s00"), m.path("missing")])
+
+
+def test_open_many_asks_the_kernel_nothing_for_names_it_has_not_cached(pub):
+    """After a remount the kernel knows no name of the mount, and a stat of each file
+    would be a FUSE lookup: open_many places the paths on the mount it knows by name
+    and lets the daemon resolve them (what open() would raise comes from there)."""
+    m = pub()
+    os.mkdir(m.path("d"))
+    names = [f"d/s{i:02d}" for i in range(30)]
+    for i, name in enumerate(names):
+        write_file(m.path(name), pattern(1000 + i, i))
+    tierfs.open_many([m.path(names[0])])[0].close()  # this process knows the mount
+    m.remount()
+    lookups = fuse_ops(m).get("lookup", 0)
+    files = tierfs.open_many([m.path(n) for n in names])
+    try:
+        assert all(is_direct(f) for f in files)
+        assert [f.read() for f in files] == [pattern(1000 + i, i) for i in range(30)]
+    finally:
+        for f in files:
+            f.close()
+    # The mount's device number may be a new one: finding the mount again may cost
+    # a lookup or two, never one per file.
+    assert fuse_ops(m).get("lookup", 0) - lookups <= 2
+    with pytest.raises(FileNotFoundError):
+        tierfs.open_many([m.path("d/s00"), m.path("d/missing")])
+    with pytest.raises(IsADirectoryError):
+        tierfs.open_many([m.path("d")])
+    with pytest.raises(NotADirectoryError):
+        tierfs.open_many([m.path("d/s00/x")])
+
+
+def test_open_many_starts_the_disk_reads_of_a_batch_of_small_files_at_once(pub):
+    """The reader takes a batch's small files one after another; their hot copies are
+    read from the disk together as soon as the batch is open, not each in its turn."""
+    m = pub()
+    names = [f"s{i:02d}" for i in range(8)]
+    for i, name in enumerate(names):
+        write_file(m.path(name), pattern(3 * 4096, i))
+    copies = [hot_file(m, m.path(n), 0) for n in names]
+    m.cli("sync", m.mountpoint, "--wait", check=True)  # no upload reads them later
+    os.sync()
+    for copy in copies:  # clean now: the page cache may drop them
+        fd = os.open(copy, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    assert all(cached_pages(c) < 3 for c in copies)
+    files = tierfs.open_many([m.path(n) for n in names])
+    try:
+        assert all(is_direct(f) for f in files)
+        wait_until(lambda: all(cached_pages(c) == 3 for c in copies), timeout=10,
+                   what="the hot copies of the batch in the page cache, none of them read")
+        assert [f.read() for f in files] == [pattern(3 * 4096, i) for i in range(8)]
+    finally:
+        for f in files:
+            f.close()
+
+
+def test_open_many_reads_a_filesystem_mounted_inside_the_mount_from_there(pub):
+    """A path below another filesystem mounted inside the tierfs mount is that
+    filesystem's file, not the one the daemon has under the same name; once it is
+    unmounted the name is tierfs's again."""
+    m = pub()
+    os.mkdir(m.path("sub"))
+    write_file(m.path("sub/f"), b"tierfs")
+    tierfs.open_many([m.path("sub/f")])[0].close()  # this process knows the mount
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", m.path("sub")],
+                   check=True)
+    try:
+        write_file(m.path("sub/f"), b"tmpfs")
+        [f] = tierfs.open_many([m.path("sub/f")])
+        with f:
+            assert not is_direct(f) and f.read() == b"tmpfs"
+    finally:
+        subprocess.run(["umount", m.path("sub")], check=True)
+    before = counters(m)
+    [f] = tierfs.open_many([m.path("sub/f")])
+    with f:
+        assert is_direct(f) and f.read() == b"tierfs"
+    assert grew(before, counters(m), "direct_open_files") == 1
 
 
 def test_later_ranges_follow_the_open_file_not_its_name(pub):

@@ -1,0 +1,74 @@
+"""mount_table.MountTable: where a path lies by name, read from a mountinfo file."""
+from __future__ import annotations
+
+import os
+import signal
+
+from tierfs.mount_table import MountTable
+
+# id parent major:minor root mount-point options - type source super-options
+MOUNTINFO = """\
+21 1 254:0 / / rw - ext4 /dev/vda rw
+30 21 0:40 / /mnt/tierfs rw - fuse.tierfs tierfs rw
+31 30 0:41 / /mnt/tierfs/scratch rw - tmpfs tmpfs rw
+32 21 0:42 /data /mnt/bound rw - fuse.tierfs tierfs rw
+40 21 0:40 / /srv/over rw - fuse.tierfs tierfs rw
+41 40 0:43 / /srv/over rw - tmpfs tmpfs rw
+50 21 0:44 / /mnt/with\\040space rw - fuse.tierfs tierfs rw
+"""
+
+
+def table(tmp_path) -> MountTable:
+    path = tmp_path / "mountinfo"
+    path.write_text(MOUNTINFO)
+    return MountTable(str(path))
+
+
+def test_a_path_lies_on_the_longest_mount_point_above_it(tmp_path):
+    t = table(tmp_path)
+    dev = os.makedev(0, 40)
+    assert t.place("/mnt/tierfs/ds/a.bin") == (dev, "ds/a.bin")
+    assert t.place("/mnt/tierfs") == (dev, ".")
+    assert t.place("/mnt/tierfs/./ds//a.bin") == (dev, "ds/a.bin")
+    assert t.place("/mnt/tierfs/scratch/x") == (os.makedev(0, 41), "x")  # mounted inside
+    assert t.place("/mnt/tierfsx/y") == (os.makedev(254, 0), "mnt/tierfsx/y")
+
+
+def test_the_top_of_stacked_mounts_is_the_one_no_other_stands_on(tmp_path):
+    assert table(tmp_path).place("/srv/over/f") == (os.makedev(0, 43), "f")
+
+
+def test_a_bind_mount_of_a_directory_names_paths_from_the_filesystem_root(tmp_path):
+    assert table(tmp_path).place("/mnt/bound/x/y") == (os.makedev(0, 42), "data/x/y")
+
+
+def test_escaped_mount_points_are_read_as_the_kernel_means_them(tmp_path):
+    assert table(tmp_path).place("/mnt/with space/f") == (os.makedev(0, 44), "f")
+
+
+def test_only_a_stat_can_place_a_path_with_dot_dot(tmp_path):
+    t = table(tmp_path)
+    assert t.place("/mnt/tierfs/a/../b") is None
+    assert t.place("..") is None
+
+
+def test_a_relative_path_is_placed_from_the_current_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir("/")
+    assert table(tmp_path).place("mnt/tierfs/f") == (os.makedev(0, 40), "f")
+
+
+def test_an_unreadable_table_places_nothing(tmp_path):
+    assert MountTable(str(tmp_path / "absent")).place("/mnt/tierfs/f") is None
+
+
+def test_a_forked_child_reads_its_own_table_even_if_the_parent_held_the_lock(tmp_path):
+    t = table(tmp_path)
+    assert t.place("/mnt/tierfs/f") is not None  # opened in the parent
+    with t._lock:  # as another thread of the parent might hold it when the fork comes
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(10)  # a child stuck on the lock dies, and the test fails
+            ok = t.place("/mnt/tierfs/f") == (os.makedev(0, 40), "f")
+            os._exit(0 if ok else 1)
+    _pid, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

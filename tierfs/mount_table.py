@@ -1,0 +1,123 @@
+"""Which mount a path is on, told by its name alone, with no stat of the path.
+
+`open_many` asks the daemon for many files at once; the daemon checks each path
+itself. Finding the mount by a stat of each file costs a FUSE lookup per file
+whenever the kernel has not cached the file's name (after a page cache drop, or a
+data set with more files than the dentry cache holds): the reader then waits on the
+daemon's event loop once per file, which is what the batch request avoids.
+
+A path is placed by name only when nothing about it needs the kernel's walk:
+- it is absolute (or made so from the current directory) and has no '..' (which
+  would mean what a symlink's target says);
+- the longest mount point in this process's mount table that the path lies below
+  is where the mount is (the top one, where several are stacked), so a filesystem
+  mounted inside or over it is never skipped;
+- the table is the one last read: the kernel marks /proc/self/mountinfo with a
+  priority event (POLLPRI) on every mount and unmount in the mount namespace, and it
+  is read again then.
+Symlinks below the mount point are the daemon's to follow, as for any direct open.
+A path that fails any of these is stat()ed as before.
+"""
+from __future__ import annotations
+
+import io
+import os
+import select
+import threading
+import weakref
+
+MOUNTINFO = "/proc/self/mountinfo"
+_tables: "weakref.WeakSet[MountTable]" = weakref.WeakSet()
+
+
+class MountTable:
+    def __init__(self, path: str = MOUNTINFO) -> None:
+        self._path = path
+        self._lock = threading.Lock()
+        self._file = None
+        self._pid = 0  # a forked child opens its own (its /proc/self is another file)
+        self._poll = None
+        # mount point -> (st_dev of the top mount there, the directory of its
+        # filesystem mounted there), and the points longest first
+        self._points: dict[str, tuple[int, str]] = {}
+        self._order: list[str] = []
+        _tables.add(self)
+
+    def place(self, path) -> tuple[int, str] | None:
+        """(st_dev, path inside that filesystem, from its root) of the mount `path`
+        lies below by name, or None where only a stat can tell."""
+        path = os.fsdecode(path)
+        if ".." in path.split("/"):
+            return None
+        path = os.path.abspath(path)
+        with self._lock:
+            if not self._fresh():
+                return None
+            for point in self._order:
+                if path == point or path.startswith(point.rstrip("/") + "/"):
+                    dev, root = self._points[point]
+                    inner = path[len(point):].lstrip("/")
+                    return dev, os.path.join(root.lstrip("/"), inner).rstrip("/") or "."
+        return None
+
+    def _fresh(self) -> bool:
+        """Read the table if it changed since the last read (False: unreadable)."""
+        try:
+            if self._file is None or self._pid != os.getpid():
+                self._open()
+            elif self._poll.poll(0):
+                self._read()
+            return True
+        except (OSError, ValueError, IndexError):
+            self._close()
+            return False
+
+    def _open(self) -> None:
+        self._close()
+        self._file = io.open(self._path, "rb")
+        self._pid = os.getpid()
+        self._poll = select.poll()
+        self._poll.register(self._file.fileno(), select.POLLPRI)
+        self._read()
+
+    def _read(self) -> None:
+        self._file.seek(0)
+        at: dict[str, list] = {}  # mount point -> [(id, parent id, st_dev, root)]
+        for line in self._file.read().decode("utf-8", "surrogateescape").splitlines():
+            parts = line.split()
+            major, minor = parts[2].split(":")
+            at.setdefault(unescape(parts[4]), []).append(
+                (parts[0], parts[1], os.makedev(int(major), int(minor)), unescape(parts[3])))
+        points = {}
+        for point, mounts in at.items():
+            # Of mounts stacked at one point, the top one is no other's parent.
+            under = {parent for _id, parent, _dev, _root in mounts}
+            top = [m for m in mounts if m[0] not in under]
+            if len(top) == 1:
+                points[point] = top[0][2:]
+        self._points = points
+        self._order = sorted(points, key=len, reverse=True)
+
+    def _close(self) -> None:
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError:
+                pass
+        self._file = self._poll = None
+        self._points, self._order = {}, []
+
+
+def _after_fork_in_child() -> None:
+    for table in list(_tables):
+        table._lock = threading.Lock()  # another thread of the parent may have held it
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def unescape(s: str) -> str:
+    """mountinfo writes space, tab, newline and backslash as octal escapes."""
+    for code in ("\\040", "\\011", "\\012", "\\134"):
+        s = s.replace(code, chr(int(code[1:], 8)))
+    return s
