@@ -20,7 +20,7 @@ import os
 import threading
 import time
 
-from .mount_table import unescape
+from .mount_table import TABLE
 from .direct import open as direct_open
 
 POINTS_TTL = 2.0  # seconds a list of tierfs mount points is kept
@@ -44,18 +44,9 @@ def _tierfs_points() -> tuple[str, ...]:
     now = time.monotonic()
     if now - when < POINTS_TTL:
         return points
-    found = []
-    try:
-        with _builtin_open("/proc/self/mountinfo", encoding="utf-8",
-                           errors="surrogateescape") as f:
-            for line in f:
-                left, _, right = line.partition(" - ")
-                if right.split(" ", 1)[0] == "fuse.tierfs":
-                    found.append(unescape(left.split()[4]).rstrip("/") or "/")
-    except OSError:
-        pass
+    found = tuple(p.rstrip("/") or "/" for p in TABLE.points_of_type("fuse.tierfs"))
     with _lock:
-        _points = (now, tuple(found))
+        _points = (now, found)
     return _points[1]
 
 

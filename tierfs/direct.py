@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from .client import daemon_info
 from . import mount_file, read_pool
-from .mount_table import MountTable, unescape
+from .mount_table import TABLE
 from .hot import pagecache
 from .errors import UserError
 
@@ -64,7 +64,6 @@ _MODES = ("rb", "br")
 
 _lock = threading.Lock()
 _mounts: dict[int, tuple["_Mount | None", float]] = {}  # st_dev -> (mount, valid until)
-_table = MountTable()  # open_many places paths on known mounts by name (mount_table.py)
 _noted: set[str] = set()
 
 
@@ -122,28 +121,13 @@ def _fd_budget() -> int:
     return max(64, min(4096, soft // 4))
 
 
-def _mount_roots(dev: int) -> list[tuple[str, str]]:
-    """Where this process sees the filesystem with device number `dev` mounted."""
-    out = []
-    try:
-        with io.open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-            for line in f:
-                parts = line.split()
-                major, minor = parts[2].split(":")
-                if os.makedev(int(major), int(minor)) == dev:
-                    out.append((unescape(parts[4]), unescape(parts[3])))
-    except (OSError, ValueError, IndexError):
-        pass
-    return sorted(out, key=lambda r: -len(r[0]))
-
-
 def _mount_of(path, dev: int) -> _Mount | None:
     """The tierfs mount a file is on (cached per device number), or None."""
     now = time.monotonic()
     hit = _mounts.get(dev)
     if hit is not None and hit[1] > now:
         return hit[0]
-    roots = _mount_roots(dev)
+    roots = TABLE.roots_of(dev)
     mount, until = None, now + NEGATIVE_TTL
     # The control xattr of a file needs read permission on it: ask the mount point
     # first (usually readable), then the file and the directories above it.
@@ -170,7 +154,7 @@ def _mount_of(path, dev: int) -> _Mount | None:
 def _placed(path) -> tuple[_Mount, str] | None:
     """The tierfs mount `path` is on and the path inside it, told by name alone
     (mount_table.py), if this process found that mount before; None: stat it."""
-    placed = _table.place(path)
+    placed = TABLE.place(path)
     if placed is None:
         return None
     hit = _mounts.get(placed[0])

@@ -17,6 +17,10 @@ A path is placed by name only when nothing about it needs the kernel's walk:
   is read again then.
 Symlinks below the mount point are the daemon's to follow, as for any direct open.
 A path that fails any of these is stat()ed as before.
+
+The same table tells where a filesystem is mounted (`roots_of`, for tierfs.open) and
+where the tierfs mounts are (`points_of_type`, for accelerate()): `TABLE` is this
+process's, read in one place.
 """
 from __future__ import annotations
 
@@ -37,8 +41,10 @@ class MountTable:
         self._file = None
         self._pid = 0  # a forked child opens its own (its /proc/self is another file)
         self._poll = None
-        # mount point -> (st_dev of the top mount there, the directory of its
-        # filesystem mounted there), and the points longest first
+        # Every mount: (mount point, st_dev, the directory of its filesystem mounted
+        # there, filesystem type); and per mount point, (st_dev, directory) of the top
+        # mount there, the points longest first.
+        self._entries: list[tuple[str, int, str, str]] = []
         self._points: dict[str, tuple[int, str]] = {}
         self._order: list[str] = []
         _tables.add(self)
@@ -59,6 +65,22 @@ class MountTable:
                     inner = path[len(point):].lstrip("/")
                     return dev, os.path.join(root.lstrip("/"), inner).rstrip("/") or "."
         return None
+
+    def roots_of(self, dev: int) -> list[tuple[str, str]]:
+        """(mount point, directory of the filesystem mounted there) of every mount of
+        the filesystem with device number `dev`, longest mount point first."""
+        with self._lock:
+            if not self._fresh():
+                return []
+            found = [(p, root) for p, d, root, _t in self._entries if d == dev]
+        return sorted(found, key=lambda r: -len(r[0]))
+
+    def points_of_type(self, fstype: str) -> tuple[str, ...]:
+        """The mount points of the filesystems of type `fstype` ("fuse.tierfs")."""
+        with self._lock:
+            if not self._fresh():
+                return ()
+            return tuple(p for p, _d, _r, kind in self._entries if kind == fstype)
 
     def _fresh(self) -> bool:
         """Read the table if it changed since the last read (False: unreadable)."""
@@ -82,12 +104,16 @@ class MountTable:
 
     def _read(self) -> None:
         self._file.seek(0)
+        entries = []
         at: dict[str, list] = {}  # mount point -> [(id, parent id, st_dev, root)]
         for line in self._file.read().decode("utf-8", "surrogateescape").splitlines():
-            parts = line.split()
+            left, _, right = line.partition(" - ")
+            parts = left.split()
             major, minor = parts[2].split(":")
-            at.setdefault(unescape(parts[4]), []).append(
-                (parts[0], parts[1], os.makedev(int(major), int(minor)), unescape(parts[3])))
+            point, root = unescape(parts[4]), unescape(parts[3])
+            dev = os.makedev(int(major), int(minor))
+            entries.append((point, dev, root, right.split(" ", 1)[0]))
+            at.setdefault(point, []).append((parts[0], parts[1], dev, root))
         points = {}
         for point, mounts in at.items():
             # Of mounts stacked at one point, the top one is no other's parent.
@@ -95,7 +121,7 @@ class MountTable:
             top = [m for m in mounts if m[0] not in under]
             if len(top) == 1:
                 points[point] = top[0][2:]
-        self._points = points
+        self._entries, self._points = entries, points
         self._order = sorted(points, key=len, reverse=True)
 
     def _close(self) -> None:
@@ -105,7 +131,7 @@ class MountTable:
             except OSError:
                 pass
         self._file = self._poll = None
-        self._points, self._order = {}, []
+        self._entries, self._points, self._order = [], {}, []
 
 
 def _after_fork_in_child() -> None:
@@ -114,6 +140,7 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+TABLE = MountTable()  # this process's
 
 
 def unescape(s: str) -> str:

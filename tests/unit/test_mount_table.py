@@ -72,3 +72,11 @@ def test_a_forked_child_reads_its_own_table_even_if_the_parent_held_the_lock(tmp
             os._exit(0 if ok else 1)
     _pid, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_the_mounts_of_a_filesystem_and_of_a_type(tmp_path):
+    t = table(tmp_path)
+    assert t.roots_of(os.makedev(0, 40)) == [("/mnt/tierfs", "/"), ("/srv/over", "/")]
+    assert t.points_of_type("fuse.tierfs") == (
+        "/mnt/tierfs", "/mnt/bound", "/srv/over", "/mnt/with space")
+    assert t.points_of_type("tmpfs") == ("/mnt/tierfs/scratch", "/srv/over")
