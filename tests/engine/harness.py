@@ -184,6 +184,34 @@ class Stack:
             self.gate._holds.append(h)  # released with the others at exit
         return h
 
+    def hold_hot_checks(self) -> tuple[Hold, Hold]:
+        """Make the worker-thread checks of hot copies against their records wait
+        twice: before they open the extent file, and after they have read it."""
+        before, after = Hold("hot-check-before", ""), Hold("hot-check-after", "")
+        inner = self.hot.copy_matches
+
+        def held(*args):
+            before.wait()
+            try:
+                return inner(*args)
+            finally:
+                after.wait()
+
+        self.hot.copy_matches = held
+        with self.gate._lock:
+            self.gate._holds += [before, after]  # released with the others at exit
+        return before, after
+
+    def drop_page_cache(self, ino: int, idx: int) -> None:
+        """Push an extent file to the disk and out of the page cache, as a remount
+        after a cache drop finds it: its first read is checked in a worker thread."""
+        fd = os.open(self.hot.path(ino, idx), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
     def evict_all(self) -> int:
         """Drop every clean, unpinned, idle extent from the hot tier."""
         return self.space.evict(self.space.high + self.E)

@@ -42,6 +42,20 @@ from tierfs.tier.direct_write import DirectWrites
 from .harness import Stack, leaves
 
 
+def _drop_page_cache(paths: list[str]) -> None:
+    """Write these files to the disk and drop them from the page cache (blocking)."""
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            continue  # evicted meanwhile
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 class ModelMismatch(AssertionError):
     pass
 
@@ -99,7 +113,8 @@ class Config:
 # op name -> weight
 MIX = {"lane_write": 30, "lane_read": 30, "write": 8, "whole": 6, "truncate": 8, "read": 6,
        "scan": 4, "scan_overwrite": 3, "truncate_rewrite": 3, "fsync": 2, "flush_file": 2,
-       "flush_all": 1, "checkpoint": 1, "evict": 2, "direct_write": 4, "hint": 3}
+       "flush_all": 1, "checkpoint": 1, "evict": 2, "direct_write": 4, "hint": 3,
+       "forget_checks": 2}
 FAILED = object()
 
 
@@ -366,6 +381,16 @@ class Driver:
             entry = self._log(i, t, f, "hint")
             await self._call(entry, "hinted prefetch", actions.prefetch(
                 self.s.engine, f.ino, parallel=2, for_write=False, wanted=lambda ino: True))
+
+    async def op_forget_checks(self, rng, i, t, f):
+        """What a new mount starts with: no hot copy checked yet, and this file's
+        copies written out of the page cache. The next reads check them against
+        their records again (inline where readahead cached them, else in worker
+        threads) while the other tasks go on."""
+        self._log(i, t, f, "forget_checks")
+        self.s.engine.verified.clear()
+        paths = [self.s.hot.path(f.ino, idx) for idx in self.s.engine.index.indices(f.ino)]
+        await trio.to_thread.run_sync(_drop_page_cache, paths)
 
     async def op_evict(self, rng, i, t, f):
         self._log(i, t, f, "evict", self.s.evict_all())

@@ -256,6 +256,48 @@ def test_a_fetch_in_flight_never_serves_a_newer_version_old_bytes(tmp_path, via)
     run(scenario)
 
 
+@pytest.mark.parametrize("meanwhile", ["evicted and fetched again", "rewritten"])
+def test_a_hot_copy_replaced_while_it_is_checked_is_not_called_damaged(tmp_path, meanwhile):
+    """The first read of a clean hot extent after a mount checks the copy against its
+    record in a worker thread. While that thread runs, the copy is evicted (the
+    thread finds no file) and fetched again, or rewritten: the verdict is about a
+    copy that is not there any more, and must not drop the good one now in place
+    (as "hot copy is damaged") nor fail the read."""
+    async def scenario():
+        async with _stack(tmp_path) as s:
+            ino = s.create()
+            await s.engine.write(ino, 0, A)
+            await s.uploader.flush({ino})
+            s.engine.verified.clear()  # what a new mount starts with
+            s.drop_page_cache(ino, 0)
+            before, after = s.hold_hot_checks()
+            got = []
+
+            async def reader():
+                got.append(await _read(s, ino, 0, E, "the read that checks the copy"))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(reader)
+                await until(lambda: before.entered, what="the check of the hot copy")
+                assert s.evict_all() and not s.record(ino, 0).hot
+                before.release()
+                await until(lambda: after.entered, what="the check to read")
+                if meanwhile == "rewritten":
+                    await s.engine.write(ino, 0, B)
+                else:
+                    await s.engine.fetch(ino, 0)
+                    assert s.record(ino, 0).hot
+                after.release()
+            assert got[0] in ((A, B) if meanwhile == "rewritten" else (A,)), _which(got[0])
+            assert not s.engine.stats.counters.get("hot_checksum_errors"), s.describe(ino, 0)
+            assert s.record(ino, 0).hot, f"the good copy was dropped: {s.describe(ino, 0)}"
+            await _cold(s, ino)
+            want = B if meanwhile == "rewritten" else A
+            assert await _read(s, ino, 0, E, "from the bucket") == want
+
+    run(scenario)
+
+
 def test_truncate_down_during_upload(tmp_path):
     """(c) A dirty extent cut short while its upload is in flight: the upload of
     the longer content must not become the extent, nor its cut-off tail come back."""

@@ -457,7 +457,7 @@ class DirectOpen:
                 # A small copy in the page cache is checked here, without a thread hop.
                 if engine.verify_inline(ino, idx, ext) is not None:
                     return True
-                if await engine.verify_hot_copy(ino, idx, ext):
+                if await engine.verify_hot_copy(ino, idx):
                     return True
                 ext = self._record(ino, idx)
             if ext is not None and not ext.hot:

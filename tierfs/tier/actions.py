@@ -139,7 +139,7 @@ async def scrub(engine, ino: int) -> dict:
         hot_good = False
         if ext.hot:
             engine.verified.discard((ino, idx))
-            if await engine.verify_hot_copy(ino, idx, ext):
+            if await engine.verify_hot_copy(ino, idx):
                 out["hot_ok"] += 1
                 hot_good = True
             else:

@@ -113,6 +113,7 @@ class Engine:
         # wrote ourselves): the first read of any other one verifies it.
         self.verified: set[Key] = set()
         self._verifying: dict[Key, trio.Event] = {}
+        self._copy_let_go: set[Key] = set()  # of those, let go while being checked
         self.verify_hot = True
         self.space = None  # set by the tiering layer: awaits room on the hot tier
         # With the kernel's writeback cache the kernel owns mtime/ctime of written
@@ -208,7 +209,7 @@ class Engine:
                     self.index.touch(key)
                     self.stats.inc("hot_read_bytes", len(out))
                     return True
-                if not await self.verify_hot_copy(ino, idx, ext):
+                if not await self.verify_hot_copy(ino, idx):
                     return False
             # Inline when the page cache has it; otherwise the disk read goes to a
             # thread so that other requests are served meanwhile.
@@ -240,33 +241,44 @@ class Engine:
         self.stats.inc("hot_verified_inline")
         return data
 
-    async def verify_hot_copy(self, ino: int, idx: int, ext: Extent) -> bool:
-        """Check a clean hot extent against its recorded checksum (in a thread).
-        A bad copy is dropped, so the next read fetches the good one."""
+    async def verify_hot_copy(self, ino: int, idx: int) -> bool:
+        """Whether the hot copy of an extent may be served. A clean copy not verified
+        yet is checked against its record now (in a thread); a damaged one is dropped.
+        False: there is no hot copy (any more), fetch the extent."""
         key = (ino, idx)
-        pending = self._verifying.get(key)
-        if pending is not None:  # another request is checking it: share the verdict
-            await pending.wait()
-            return key in self.verified
-        self._verifying[key] = event = trio.Event()
-        try:
-            return await self._verify(ino, idx, ext)
-        finally:
-            del self._verifying[key]
-            event.set()
+        while True:
+            pending = self._verifying.get(key)
+            if pending is not None:  # another request is checking it: its verdict
+                await pending.wait()
+                continue
+            ext = self._record(ino, idx)
+            if ext is None or not ext.hot:
+                return False
+            if ext.dirty or key in self.verified:
+                return True
+            self._verifying[key] = event = trio.Event()
+            try:
+                verdict = await self._check_copy(ino, idx, ext)
+            finally:
+                del self._verifying[key]
+                self._copy_let_go.discard(key)
+                event.set()
+            if verdict is not None:
+                return verdict
 
-    async def _verify(self, ino: int, idx: int, ext: Extent) -> bool:
+    async def _check_copy(self, ino: int, idx: int, ext: Extent) -> bool | None:
+        """Check the hot copy of a clean extent against its record `ext` in a thread.
+        None: the copy was let go (evicted, and maybe fetched again or rewritten) or
+        the record changed while the thread read, so the verdict is about a copy that
+        is not in place any more: look again."""
         key = (ino, idx)
-
         try:
             ok = await trio.to_thread.run_sync(self.hot.copy_matches, ino, idx, ext.length,
                                                ext.checksum, limiter=self.io_limiter)
         except FileNotFoundError:
             ok = False
-        _n, exts = self.meta.get_extents(ino, idx, idx)
-        if exts.get(idx) != ext:
-            self.verified.add(key)  # rewritten or refetched meanwhile: not ours to judge
-            return True
+        if key in self._copy_let_go or self._record(ino, idx) != ext:
+            return None
         if ok:
             self.verified.add(key)
             return True
@@ -275,6 +287,13 @@ class Engine:
                   "from the bucket", ino, idx)
         self.drop_hot(ino, idx, ext)
         return False
+
+    def _record(self, ino: int, idx: int) -> Extent | None:
+        """An extent's record now (None: a hole, or the inode is gone)."""
+        try:
+            return self.meta.get_extents(ino, idx, idx)[1].get(idx)
+        except FsError:
+            return None
 
     def forget_hot(self, ino: int, idx: int, gone: bool = False) -> None:
         """The one rule for letting go of a hot copy: its file, its index entry,
@@ -288,6 +307,8 @@ class Engine:
             self.hot.remove(ino, idx)
         self.index.remove(key)
         self.verified.discard(key)
+        if key in self._verifying:  # its check is about this copy, not the next one
+            self._copy_let_go.add(key)
 
     def drop_hot(self, ino: int, idx: int, ext: Extent) -> None:
         """Drop the hot copy of a clean extent (it stays in the bucket)."""
@@ -462,10 +483,7 @@ class Engine:
 
     def _moved(self, ino: int, idx: int, ext: Extent) -> bool:
         """Whether the extent's record is no longer `ext` (rewritten, compacted...)."""
-        try:
-            return self.meta.get_extents(ino, idx, idx)[1].get(idx) != ext
-        except FsError:
-            return True
+        return self._record(ino, idx) != ext
 
     async def _keep(self, ino: int, idx: int, ext: Extent, data: bytes, for_write: bool) -> None:
         """Install a fetched extent on the hot tier, as room and the cache policy allow."""
