@@ -38,9 +38,11 @@ def nodes(postgres):
 
 
 def run_together(fns) -> list:
-    """Run each fn in its own thread, released at once; their results (or errors)."""
+    """Run each fn in its own thread, released at once; their results (or the
+    FsError each raised). Any other exception in a thread fails the caller."""
     start = threading.Barrier(len(fns))
     results: list = [None] * len(fns)
+    failed: list[BaseException] = []
 
     def body(i, fn):
         start.wait()
@@ -48,12 +50,16 @@ def run_together(fns) -> list:
             results[i] = fn()
         except FsError as e:
             results[i] = e
+        except BaseException as e:
+            failed.append(e)
     threads = [threading.Thread(target=body, args=(i, fn)) for i, fn in enumerate(fns)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
         assert not t.is_alive(), "a store operation did not finish within 60 s"
+    if failed:
+        raise failed[0]
     return results
 
 
@@ -241,6 +247,20 @@ def _backend_waiting(server, event: str) -> int | None:
     return row[0] if row else None
 
 
+def _reload(server, setting: str, value: str) -> None:
+    """Reload the server's configuration and wait until it is in force. The
+    postmaster reloads on a signal, after pg_reload_conf() returns, and signals the
+    open backends when it has: once a new connection shows `value`, the next
+    statement on any open connection runs with it too."""
+    import psycopg
+    server.sql("SELECT pg_reload_conf()")
+
+    def in_force() -> bool:
+        with psycopg.connect(server.url(), autocommit=True) as conn:
+            return conn.execute(f"SHOW {setting}").fetchone()[0] == value
+    wait_until(in_force, 30, f"{setting} = {value!r} in force")
+
+
 def _cut_off_when(server, event: str, *before_kill: str) -> None:
     """Wait until a backend waits on `event` in its COMMIT, run the statements
     `before_kill`, then terminate that backend: its client loses the connection
@@ -262,7 +282,7 @@ def test_a_commit_cut_off_is_looked_up_not_guessed(own_server):
     try:
         meta.format(Superblock(fs_id="cut", extent_size=4 << 20), uid=0, gid=0)
         own_server.sql("ALTER SYSTEM SET synchronous_standby_names = 'nobody'")
-        own_server.sql("SELECT pg_reload_conf()")
+        _reload(own_server, "synchronous_standby_names", "nobody")
         out = run_together([
             lambda: meta.create_node(ROOT_INO, b"committed", REG, 0, 0),
             lambda: _cut_off_when(own_server, "SyncRep",
