@@ -119,7 +119,7 @@ class Config:
     block: int = 1 * MiB
     skip: tuple[str, ...] = ()
     mount_args: tuple[str, ...] = ()  # extra `tierfs mount` flags, to compare configurations
-    bucket: str = "moto"  # the tierfs side's bucket: the moto server, or a file:// directory
+    bucket: str = "moto"  # the tierfs side's bucket: moto, moto-ranges, or a file:// directory
     compute_s: float | None = None  # W6 compute per batch; None: calibrate on the local side
 
     def runs(self, workload: str) -> bool:
@@ -1095,7 +1095,7 @@ def run_rep(rep: int, cfg: Config, workdir: str, ctx: dict, stack, out: dict) ->
 
 
 def run_all(cfg: Config, workdir: str, results: dict, stack: contextlib.ExitStack) -> None:
-    endpoint = stack.enter_context(moto.moto_server())
+    endpoint = stack.enter_context(moto.moto_server(ranges=cfg.bucket == "moto-ranges"))
     os.environ.update(s3_env(endpoint))
     os.environ["NO_PROXY"] = os.environ["no_proxy"] = "127.0.0.1,localhost"
     make_bucket(endpoint, BUCKET)
@@ -1361,8 +1361,11 @@ def print_report(results: dict, rows: list[Row], cfg: Config) -> None:
     print(f"sizes: checkpoint {cfg.ckpt_bytes // MiB} MiB, W5 write "
           f"{cfg.mixed_write_bytes // MiB} MiB, {cfg.small_files:,} x "
           f"{cfg.small_file_bytes // KiB} KiB files, scale {cfg.scale_files:,} files")
-    print("tierfs bucket: " + ("a file:// directory on the same disk" if cfg.bucket == "file"
-                               else "the moto S3 server on this machine"))
+    print("tierfs bucket: " + {
+        "file": "a file:// directory on the same disk",
+        "moto-ranges": "the moto S3 server on this machine, reading only the range of a "
+                       "ranged GET (tests/moto_ranges.py)",
+    }.get(cfg.bucket, "the moto S3 server on this machine"))
     ctx = results.get("context", {})
     cal = ctx.get("calibration")
     if cal:
@@ -1401,10 +1404,11 @@ def parse_args(argv=None):
                    help=f"workloads to skip: {' '.join(WORKLOADS)}")
     p.add_argument("--mount-args", default="",
                    help="extra `tierfs mount` flags for the tierfs side, e.g. '--no-writeback-cache'")
-    p.add_argument("--bucket", choices=("moto", "file"), default="moto",
-                   help="bucket of the tierfs side: the moto S3 server (default), or a file:// "
-                   "directory on the same disk, whose ranged reads cost only their range "
-                   "(moto reads a whole object for every ranged GET, a real S3 does not)")
+    p.add_argument("--bucket", choices=("moto", "moto-ranges", "file"), default="moto",
+                   help="bucket of the tierfs side: the moto S3 server (default); the same "
+                   "server reading only the range of a ranged GET (moto-ranges: stock moto "
+                   "reads a whole object for every ranged GET, a real S3 does not); or a "
+                   "file:// directory on the same disk"),
     p.add_argument("--compute-ms", type=float, default=0.0,
                    help="W6 compute per batch in ms instead of calibrating it on the local "
                    "directory (the calibration follows the machine's speed of the moment: "

@@ -5,6 +5,7 @@ A plain helper module (not a conftest): import moto_server() where needed.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 
 TEST_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 TEST_REGION = "us-east-1"
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def free_port() -> int:
@@ -39,16 +41,19 @@ def _answers(url: str) -> bool:
 
 
 @contextlib.contextmanager
-def moto_server(timeout_s: float = 30) -> Iterator[str]:
-    """Start moto's server on a free port; yield its endpoint URL; stop it on exit."""
+def moto_server(timeout_s: float = 30, ranges: bool = False) -> Iterator[str]:
+    """Start moto's server on a free port; yield its endpoint URL; stop it on exit.
+    ranges: the variant that reads only the range of a ranged GET (moto_ranges.py)."""
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
+    module = "tests.moto_ranges" if ranges else "moto.server"
     with tempfile.TemporaryFile(prefix="moto-server-", suffix=".log") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-p", str(port), "-H", "127.0.0.1"],
+            [sys.executable, "-m", module, "-p", str(port), "-H", "127.0.0.1"],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            cwd=_REPO,  # where `tests` is a package
             start_new_session=True,  # Ctrl-C reaches the caller, which stops it in order
         )
         try:

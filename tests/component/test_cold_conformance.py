@@ -36,6 +36,14 @@ def moto_endpoint():
         yield endpoint
 
 
+@pytest.fixture(scope="session")
+def moto_ranges_endpoint():
+    """The benchmark's variant of moto that reads only the range of a ranged GET: it
+    must keep the store contract."""
+    with moto_server(ranges=True) as endpoint:
+        yield endpoint
+
+
 @pytest.fixture
 def aws_env(monkeypatch, tmp_path):
     """Test credentials only: nothing from the machine's AWS config leaks in."""
@@ -58,7 +66,7 @@ def bucket(moto_endpoint, aws_env):
     return name
 
 
-@pytest.fixture(params=["memory", "file", "faulty", "s3"])
+@pytest.fixture(params=["memory", "file", "faulty", "s3", "s3-ranges"])
 def make_store(request, tmp_path):
     """Return make(namespace) -> store; namespaces share a backend where it has one."""
     kind = request.param
@@ -70,8 +78,14 @@ def make_store(request, tmp_path):
         return lambda ns="main": FileStore(str(tmp_path / "cold" / ns))
     if kind == "faulty":
         return lambda ns="main": FaultyStore(MemoryStore(), seed=1)
-    endpoint = request.getfixturevalue("moto_endpoint")
-    name = request.getfixturevalue("bucket")
+    if kind == "s3-ranges":
+        endpoint = request.getfixturevalue("moto_ranges_endpoint")
+        request.getfixturevalue("aws_env")
+        name = f"tierfs-{uuid.uuid4().hex[:16]}"
+        make_bucket(endpoint, name)
+    else:
+        endpoint = request.getfixturevalue("moto_endpoint")
+        name = request.getfixturevalue("bucket")
     # Nested prefixes in one bucket; "main" and "main2" share a string prefix on purpose.
     from tierfs.cold.s3 import S3Store
 
