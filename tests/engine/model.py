@@ -384,13 +384,14 @@ class Driver:
 
     async def op_forget_checks(self, rng, i, t, f):
         """What a new mount starts with: no hot copy checked yet, and this file's
-        copies written out of the page cache. The next reads check them against
-        their records again (inline where readahead cached them, else in worker
-        threads) while the other tasks go on."""
+        copies written out of the page cache; then a scan of the file, whose reads
+        check its copies against their records again (inline where readahead cached
+        them, else in worker threads) while the other tasks go on."""
         self._log(i, t, f, "forget_checks")
         self.s.engine.verified.clear()
         paths = [self.s.hot.path(f.ino, idx) for idx in self.s.engine.index.indices(f.ino)]
         await trio.to_thread.run_sync(_drop_page_cache, paths)
+        await self.op_scan(rng, i, t, f)
 
     async def op_evict(self, rng, i, t, f):
         self._log(i, t, f, "evict", self.s.evict_all())

@@ -15,6 +15,9 @@ from tierfs.errors import FsError
 from tierfs.meta import scan
 from tierfs.meta.schema import object_name
 
+from tierfs.tier import engine as engine_module
+
+from . import model
 from .harness import KiB, engine_stack, run, settle, until
 from .model import Config, Driver, ModelMismatch
 
@@ -88,6 +91,20 @@ def test_random_ops_match_model_with_packed_small_files(tmp_path, seed, compact)
     run(partial(_random, tmp_path, cfg, cache_extents=6, upload_delay=0.01,
                 faults={"latency_s": 0.001}, pack_below=12 * E, compact_dead=compact),
         timeout=30)
+
+
+@pytest.mark.parametrize("seed", [13, 14])
+def test_random_ops_with_hot_copies_checked_in_threads(tmp_path, monkeypatch, seed):
+    """Copies forgotten as checked often (as by a new mount), and every check made in a
+    worker thread, not inline: evictions, fetches and writes then meet checks in
+    flight. A check must never call a good copy damaged (an ERROR fails the run)."""
+    monkeypatch.setattr(engine_module, "INLINE_VERIFY_MAX", 0)
+    monkeypatch.setattr(model, "MIX", {**model.MIX, "forget_checks": 20})
+    cfg = Config(seed=seed, tasks=4, ops=600)
+    driver = run(partial(_random, tmp_path, cfg, cache_extents=8, upload_delay=0.0,
+                         faults={"latency_s": 0.001}), timeout=30)
+    stats = driver.s.engine.stats.counters
+    assert stats["hot_verified_in_thread"], dict(stats)  # the run did check in threads
 
 
 def test_random_ops_with_retried_faults_and_outages(tmp_path):

@@ -281,6 +281,7 @@ class Engine:
             return None
         if ok:
             self.verified.add(key)
+            self.stats.inc("hot_verified_in_thread")
             return True
         self.stats.inc("hot_checksum_errors")
         log.error("inode %d extent %d: hot copy is damaged; dropping it and refetching "
