@@ -63,7 +63,9 @@ _ZEROS = bytes(1 << 20)
 _MODES = ("rb", "br")
 
 _lock = threading.Lock()
-_mounts: dict[int, tuple["_Mount | None", float]] = {}  # st_dev -> (mount, valid until)
+# st_dev -> (mount, valid until, TABLE's generation then): a device number is only
+# known while no filesystem was mounted or unmounted since (numbers are reused).
+_mounts: dict[int, tuple["_Mount | None", float, int | None]] = {}
 _noted: set[str] = set()
 
 
@@ -124,8 +126,9 @@ def _fd_budget() -> int:
 def _mount_of(path, dev: int) -> _Mount | None:
     """The tierfs mount a file is on (cached per device number), or None."""
     now = time.monotonic()
+    generation = TABLE.generation()
     hit = _mounts.get(dev)
-    if hit is not None and hit[1] > now:
+    if hit is not None and hit[1] > now and hit[2] == generation:
         return hit[0]
     roots = TABLE.roots_of(dev)
     mount, until = None, now + NEGATIVE_TTL
@@ -147,7 +150,7 @@ def _mount_of(path, dev: int) -> _Mount | None:
         except (UserError, OSError, ValueError, KeyError):
             continue
     with _lock:
-        _mounts[dev] = (mount, until)
+        _mounts[dev] = (mount, until, generation)
     return mount
 
 
@@ -158,14 +161,15 @@ def _placed(path) -> tuple[_Mount, str] | None:
     if placed is None:
         return None
     hit = _mounts.get(placed[0])
-    if hit is None or hit[0] is None or hit[1] <= time.monotonic():
+    if (hit is None or hit[0] is None or hit[1] <= time.monotonic()
+            or hit[2] != TABLE.generation()):
         return None
     return hit[0], placed[1]
 
 
 def _forget(mount: _Mount) -> None:
     with _lock:
-        for dev, (m, _until) in list(_mounts.items()):
+        for dev, (m, _until, _gen) in list(_mounts.items()):
             if m is mount:
                 del _mounts[dev]
 

@@ -47,7 +47,16 @@ class MountTable:
         self._entries: list[tuple[str, int, str, str]] = []
         self._points: dict[str, tuple[int, str]] = {}
         self._order: list[str] = []
+        self._reads = 0  # how often the table was read: a new number after every change
         _tables.add(self)
+
+    def generation(self) -> int | None:
+        """A number that changes whenever a filesystem was mounted or unmounted since
+        (None: the table cannot be read). What was learnt about a device number holds
+        while it stays the same: an unmounted filesystem's number may be given to the
+        next one mounted."""
+        with self._lock:
+            return self._reads if self._fresh() else None
 
     def place(self, path) -> tuple[int, str] | None:
         """(st_dev, path inside that filesystem, from its root) of the mount `path`
@@ -123,6 +132,7 @@ class MountTable:
                 points[point] = top[0][2:]
         self._entries, self._points = entries, points
         self._order = sorted(points, key=len, reverse=True)
+        self._reads += 1
 
     def _close(self) -> None:
         if self._file is not None:

@@ -851,6 +851,26 @@ def test_no_default_permissions_mount_reads_through_the_mount(pub):
     assert counters(m).get("direct_open_files", 0) == 0
 
 
+def test_a_device_number_used_before_the_mount_came_is_learnt_again(pub):
+    """An unmounted filesystem's device number goes to the next one mounted. What
+    this process learnt about the number before the tierfs mount came (here: "not
+    a tierfs mount", as a tmpfs mounted and unmounted earlier would leave it) must
+    not send the new mount's files to the builtin open()."""
+    from tierfs.mount_table import TABLE
+    before = TABLE.generation()
+    m = pub()
+    write_file(m.path("f"), b"data")
+    dev = os.stat(m.mountpoint).st_dev
+    tdirect._mounts[dev] = (None, float("inf"), before)  # learnt before the mount
+    with tierfs.open(m.path("f"), "rb") as f:
+        assert is_direct(f) and f.read() == b"data"
+    tdirect._mounts[dev] = (None, float("inf"), before)
+    [f] = tierfs.open_many([m.path("f")])
+    with f:
+        assert is_direct(f) and f.read() == b"data"
+    assert counters(m).get("direct_open_files") == 2
+
+
 def test_unreachable_or_older_daemon_reads_through_the_mount(pub, caplog):
     m = pub()
     write_file(m.path("f"), b"data")

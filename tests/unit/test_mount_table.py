@@ -80,3 +80,21 @@ def test_the_mounts_of_a_filesystem_and_of_a_type(tmp_path):
     assert t.points_of_type("fuse.tierfs") == (
         "/mnt/tierfs", "/mnt/bound", "/srv/over", "/mnt/with space")
     assert t.points_of_type("tmpfs") == ("/mnt/tierfs/scratch", "/srv/over")
+
+
+def test_the_generation_changes_with_every_mount_and_unmount(tmp_path):
+    """What a process learnt about a device number holds only while the generation
+    stays: the kernel gives an unmounted filesystem's number to the next one."""
+    import subprocess
+    t = MountTable()  # this process's real table
+    point = tmp_path / "point"
+    point.mkdir()
+    before = t.generation()
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(point)], check=True)
+    try:
+        mounted = t.generation()
+        assert None not in (before, mounted) and mounted != before
+    finally:
+        subprocess.run(["umount", str(point)], check=True)
+    assert t.generation() not in (None, mounted)
+    assert MountTable(str(tmp_path / "missing")).generation() is None
