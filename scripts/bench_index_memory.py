@@ -24,7 +24,7 @@ def bytes_per_file(files: int, dirty: bool) -> float:
             if dirty:
                 index.written(key, 64 << 10)
             else:
-                index.add(key, 64 << 10, dirty=False)
+                index.add(key, 64 << 10, dirty=False, checked=True)
         return tracemalloc.get_traced_memory()[0] / files
     finally:
         tracemalloc.stop()

@@ -184,6 +184,12 @@ class Stack:
             self.gate._holds.append(h)  # released with the others at exit
         return h
 
+    def forget_checks(self) -> None:
+        """What a new mount starts with: every clean hot copy is to be checked against
+        its record on its next read."""
+        index = self.engine.index
+        index.unchecked.update(key for key in index.sizes if key not in index.dirty)
+
     def hold_hot_checks(self) -> tuple[Hold, Hold]:
         """Make the worker-thread checks of hot copies against their records wait
         twice: before they open the extent file, and after they have read it."""

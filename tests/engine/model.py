@@ -388,7 +388,7 @@ class Driver:
         check its copies against their records again (inline where readahead cached
         them, else in worker threads) while the other tasks go on."""
         self._log(i, t, f, "forget_checks")
-        self.s.engine.verified.clear()
+        self.s.forget_checks()
         paths = [self.s.hot.path(f.ino, idx) for idx in self.s.engine.index.indices(f.ino)]
         await trio.to_thread.run_sync(_drop_page_cache, paths)
         await self.op_scan(rng, i, t, f)

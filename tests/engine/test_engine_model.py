@@ -285,7 +285,7 @@ def test_a_hot_copy_replaced_while_it_is_checked_is_not_called_damaged(tmp_path,
             ino = s.create()
             await s.engine.write(ino, 0, A)
             await s.uploader.flush({ino})
-            s.engine.verified.clear()  # what a new mount starts with
+            s.forget_checks()  # what a new mount starts with
             s.drop_page_cache(ino, 0)
             before, after = s.hold_hot_checks()
             got = []

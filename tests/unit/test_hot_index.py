@@ -12,8 +12,9 @@ from tierfs.tier.cache import HotIndex
 E = 1 << 20
 
 
-def check(index: HotIndex, taken: set, given_back: set) -> None:
+def check(index: HotIndex, taken: set, given_back: set, unchecked: set) -> None:
     dirty = index.dirty
+    assert index.unchecked == unchecked  # clean copies found at mount, not read since
     assert set(index.queued) <= set(dirty)
     assert set(dirty) - set(index.queued) == taken & set(dirty)
     assert index.dirty_bytes == sum(index.sizes[k] for k in dirty)
@@ -38,7 +39,7 @@ def check(index: HotIndex, taken: set, given_back: set) -> None:
 @pytest.mark.parametrize("seed", range(8))
 def test_the_upload_queue_and_dirty_counts_follow_every_change(seed):
     rng = random.Random(seed)
-    index, taken, given_back = HotIndex(), set(), set()
+    index, taken, given_back, unchecked = HotIndex(), set(), set(), set()
     for step in range(3000):
         key = (rng.randint(1, 3), rng.randint(0, 5))
         op = rng.choice(["write", "write", "write", "add", "add_found", "remove", "clean",
@@ -46,16 +47,25 @@ def test_the_upload_queue_and_dirty_counts_follow_every_change(seed):
         if op == "write":
             index.written(key, rng.randint(0, E))
             given_back.discard(key)
+            unchecked.discard(key)
         elif op == "add":  # a new life for the extent: any upload of it is stale
-            index.add(key, rng.randint(0, E), dirty=rng.random() < 0.5)
+            dirty, checked = rng.random() < 0.5, rng.random() < 0.5
+            index.add(key, rng.randint(0, E), dirty=dirty, checked=checked)
             taken.discard(key)
             given_back.discard(key)
+            if dirty or checked:
+                unchecked.discard(key)
+            else:
+                unchecked.add(key)
         elif op == "add_found":
-            index.add(key, rng.randint(0, E), dirty=True, last_write=rng.random())
+            index.add(key, rng.randint(0, E), dirty=True, checked=False,
+                      last_write=rng.random())
             taken.discard(key)
             given_back.discard(key)
+            unchecked.discard(key)  # dirty: its bytes are what this node wrote
         elif op == "remove":
             index.remove(key)
+            unchecked.discard(key)
         elif op == "clean" and key in index.dirty:
             gen = index.dirty[key].gen if rng.random() < 0.8 else -1
             assert index.cleaned(key, gen) == (gen != -1)
@@ -73,4 +83,4 @@ def test_the_upload_queue_and_dirty_counts_follow_every_change(seed):
         elif op == "grow" and key in index.sizes:  # as its callers: an extent there
             index.grow(key, rng.randint(0, E))
         taken &= set(index.dirty)  # gone (removed, cleaned): no upload holds it
-        check(index, taken, given_back)
+        check(index, taken, given_back, unchecked)

@@ -416,9 +416,11 @@ class DirectOpen:
         return self.meta.get_extents(ino, idx, idx)[1].get(idx)
 
     def _ready(self, ino: int, idx: int, ext) -> bool:
-        """Hot, and either dirty (ours, nothing to check) or verified since mount."""
+        """Hot, and either dirty (ours, nothing to check) or not waiting for the check
+        of a copy found at mount."""
         e = self.engine
-        return ext.hot and (ext.dirty or not e.verify_hot or (ino, idx) in e.verified)
+        return ext.hot and (ext.dirty or not e.verify_hot
+                            or (ino, idx) not in e.index.unchecked)
 
     async def _make_ready_all(self, keys: list) -> set:
         """Fetch and verify, in parallel, the extents among `keys` that need it.

@@ -35,7 +35,8 @@ record version, so a later format can still read older records.
                                              pack goes to gc when its last one is dropped
 
 On a shared engine an extent record says only where its data is: flags are DIRTY
-or 0 (hot, pinned and verified belong to each node's own LMDB); a DIRTY extent's
+or 0 (hot and pinned belong to each node's own LMDB, and whether a hot copy was
+checked to its memory); a DIRTY extent's
 data is on one node only, and its obj_off names that node's session (obj_id 0).
 
 An object without a P record holds one extent (format 1 wrote only these; large

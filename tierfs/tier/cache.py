@@ -45,16 +45,24 @@ class HotIndex:
         self._dirty_per_ino: dict[int, int] = {}  # dirty extents of each inode that has any
         self.last_write = 0.0  # monotonic time of the latest write
         self.pinned: set[Key] = set()
+        # Clean copies found on the disk at mount (or handed back by scrub) that no read
+        # has checked against their record yet. Every other copy was written or fetched
+        # (and verified) by this daemon. Only these are kept, not the checked ones: after
+        # the first epoch the set is empty, where a set of the checked ones held an
+        # entry and a key of its own per hot extent.
+        self.unchecked: set[Key] = set()
         # Extents direct writers hold (tier/direct_write.py): how many writers each.
         # They are dirty, never uploaded, and counted as whole extents.
         self.held: dict[Key, int] = {}
         self.total = 0
         self.dirty_bytes = 0
 
-    def add(self, key: Key, size: int, *, dirty: bool, pinned: bool = False,
+    def add(self, key: Key, size: int, *, dirty: bool, checked: bool, pinned: bool = False,
             last_write: float | None = None) -> None:
         """An extent file exists (mount, fetch). A dirty one found at mount gets
-        `last_write` (monotonic) from its file's age, so it uploads on time."""
+        `last_write` (monotonic) from its file's age, so it uploads on time. `checked`:
+        its bytes are known to be the record's (fetched and verified, or written here);
+        a clean copy found at mount is not, until a read checks it."""
         held = self.held.get(key)
         self.remove(key)
         if held:
@@ -71,6 +79,8 @@ class HotIndex:
         self.total += size
         if pinned:
             self.pinned.add(key)
+        if not (checked or dirty):
+            self.unchecked.add(key)
         if dirty:
             when = time.monotonic() if last_write is None else last_write
             self._make_dirty(key, DirtyInfo(next(_generations), when,
@@ -93,6 +103,7 @@ class HotIndex:
             del self._by_ino[ino]
         self.lru.pop(key, None)
         self.pinned.discard(key)
+        self.unchecked.discard(key)
         self.held.pop(key, None)
         if key in self.dirty:
             self._drop_dirty(key, size)
@@ -142,12 +153,13 @@ class HotIndex:
     def written(self, key: Key, end: int) -> None:
         """Record a write into the extent file up to byte `end`."""
         if key not in self.sizes:
-            self.add(key, end, dirty=True, pinned=False)
+            self.add(key, end, dirty=True, checked=True, pinned=False)
         else:
             self.grow(key, end)
             if key not in self.dirty:
                 self.lru.pop(key, None)
                 self._make_dirty(key, DirtyInfo(0, 0.0))
+        self.unchecked.discard(key)  # what is in the file now is ours
         info = self.dirty[key]
         info.gen = next(_generations)
         info.last_write = self.last_write = time.monotonic()

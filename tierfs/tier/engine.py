@@ -109,9 +109,8 @@ class Engine:
         self.on_miss = lambda ino: None  # a read had to wait for the bucket (hints adapt)
         self.gc_guard = lambda epoch: True  # may an object dropped in `epoch` go?
         self.busy: set[Key] = set()  # extents being changed: never evicted meanwhile
-        # Clean hot extents whose checksum was checked since mount (or that we
-        # wrote ourselves): the first read of any other one verifies it.
-        self.verified: set[Key] = set()
+        # Clean hot copies found at mount are checked on their first read
+        # (index.unchecked); those being checked now:
         self._verifying: dict[Key, trio.Event] = {}
         self._copy_let_go: set[Key] = set()  # of those, let go while being checked
         self.verify_hot = True
@@ -155,7 +154,7 @@ class Engine:
                 continue
             # A dirty extent is as old as its file's last write (the monotonic clock
             # restarts at boot; the file's mtime does not).
-            self.index.add(key, size, dirty=ext.dirty, pinned=ext.pinned,
+            self.index.add(key, size, dirty=ext.dirty, checked=False, pinned=ext.pinned,
                            last_write=now_mono - max(0.0, now_wall - mtime))
         for ino, idx in on_disk:
             self.hot.remove(ino, idx)
@@ -201,7 +200,7 @@ class Engine:
         more): the caller fetches from the bucket."""
         key = (ino, idx)
         try:
-            if self.verify_hot and key not in self.verified and not ext.dirty:
+            if self.verify_hot and key in self.index.unchecked and not ext.dirty:
                 whole = self.verify_inline(ino, idx, ext)
                 if whole is not None:  # checked on this thread, no hop: serve from it
                     piece = whole[offset:offset + len(out)]
@@ -237,14 +236,14 @@ class Engine:
         data = self.hot.read_whole_cached(ino, idx, ext.length + 1)
         if data is None or not hot_copy_matches(data, ext.length, ext.checksum):
             return None
-        self.verified.add((ino, idx))
+        self.index.unchecked.discard((ino, idx))
         self.stats.inc("hot_verified_inline")
         return data
 
     async def verify_hot_copy(self, ino: int, idx: int) -> bool:
-        """Whether the hot copy of an extent may be served. A clean copy not verified
-        yet is checked against its record now (in a thread); a damaged one is dropped.
-        False: there is no hot copy (any more), fetch the extent."""
+        """Whether the hot copy of an extent may be served. A clean copy not checked
+        yet (index.unchecked) is checked against its record now (in a thread); a
+        damaged one is dropped. False: there is no hot copy (any more), fetch it."""
         key = (ino, idx)
         while True:
             pending = self._verifying.get(key)
@@ -254,7 +253,7 @@ class Engine:
             ext = self._record(ino, idx)
             if ext is None or not ext.hot:
                 return False
-            if ext.dirty or key in self.verified:
+            if ext.dirty or key not in self.index.unchecked:
                 return True
             self._verifying[key] = event = trio.Event()
             try:
@@ -280,7 +279,7 @@ class Engine:
         if key in self._copy_let_go or self._record(ino, idx) != ext:
             return None
         if ok:
-            self.verified.add(key)
+            self.index.unchecked.discard(key)
             self.stats.inc("hot_verified_in_thread")
             return True
         self.stats.inc("hot_checksum_errors")
@@ -298,7 +297,7 @@ class Engine:
 
     def forget_hot(self, ino: int, idx: int, gone: bool = False) -> None:
         """The one rule for letting go of a hot copy: its file, its index entry,
-        its verified mark. The caller commits the record (cleared HOT or deleted),
+        its unchecked mark. The caller commits the record (cleared HOT or deleted),
         possibly batched with others. `gone`: the inode is purged, so nothing takes
         the file's place and its removal is left to the trash's thread whole."""
         key = (ino, idx)
@@ -307,7 +306,6 @@ class Engine:
         else:
             self.hot.remove(ino, idx)
         self.index.remove(key)
-        self.verified.discard(key)
         if key in self._verifying:  # its check is about this copy, not the next one
             self._copy_let_go.add(key)
 
@@ -696,8 +694,7 @@ class Engine:
                 self.stats.inc("fetch_superseded")
                 continue
             self.hot.install_temp(tmp, *key)
-            self.index.add(key, size, dirty=False, pinned=nx.pinned)
-            self.verified.add(key)
+            self.index.add(key, size, dirty=False, checked=True, pinned=nx.pinned)
 
     def _install(self, ino: int, idx: int, fetched: Extent, tmp: str, size: int) -> None:
         """Put a fetched copy in place, on the trio thread with no await between the
@@ -711,8 +708,7 @@ class Engine:
             self.stats.inc("fetch_superseded")
             return
         self.hot.install_temp(tmp, ino, idx)
-        self.index.add(key, size, dirty=False, pinned=fetched.pinned)
-        self.verified.add(key)
+        self.index.add(key, size, dirty=False, checked=True, pinned=fetched.pinned)
 
     async def get_verified(self, ext: Extent, ino: int = 0, idx: int = 0,
                            check: bool = True, record: Extent | None = None, then=None):

@@ -266,7 +266,6 @@ class Uploader:
         engine.meta.update(None, {key: new},
                            [cur.ref] if cur.obj_id else [], [obj_id])
         engine.index.cleaned(key, gen)
-        engine.verified.add(key)  # the checksum was computed from this very hot copy
         self.space.uploaded()
 
     async def _put(self, obj_id: int, nbytes: int, read_and_put):
@@ -392,7 +391,6 @@ class Uploader:
         engine.stats.inc("packed_extents", len(done))
         for key, gen in done:
             engine.index.cleaned(key, gen)
-            engine.verified.add(key)  # checksummed from this very hot copy
         self.space.uploaded()
 
     async def flush(self, inos: set[int] | None) -> None:
