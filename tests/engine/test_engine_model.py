@@ -4,6 +4,7 @@ suspect interleaving, held in place with store gates instead of sleeps."""
 from __future__ import annotations
 
 import errno
+import os
 import threading
 from functools import partial
 
@@ -16,6 +17,7 @@ from tierfs.meta import scan
 from tierfs.meta.schema import object_name
 
 from tierfs.tier import engine as engine_module
+from tierfs.tier.direct_write import DirectWrites
 
 from . import model
 from .harness import KiB, engine_stack, run, settle, until
@@ -311,6 +313,46 @@ def test_a_hot_copy_replaced_while_it_is_checked_is_not_called_damaged(tmp_path,
             await _cold(s, ino)
             want = B if meanwhile == "rewritten" else A
             assert await _read(s, ino, 0, E, "from the bucket") == want
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("change", ["write", "truncate", "direct write"])
+def test_a_damaged_copy_found_at_mount_is_not_changed_in_place(tmp_path, change):
+    """A clean hot copy found at mount whose bytes rotted on the disk: a change to part
+    of it (a write, a truncate that cuts it, a direct writer) must not make the rotten
+    bytes the file's, to be uploaded over the good object. The copy is checked first,
+    dropped, and fetched from the bucket."""
+    async def scenario():
+        async with _stack(tmp_path, allowed_errors=("hot copy is damaged",)) as s:
+            ino = s.create()
+            await s.engine.write(ino, 0, A)
+            await s.uploader.flush({ino})
+            s.forget_checks()  # as after a remount
+            with open(s.hot.path(ino, 0), "r+b") as f:  # a bit flipped on the disk
+                f.seek(E // 2)
+                f.write(b"Z")
+            want = bytearray(A)
+            if change == "write":
+                await s.engine.write(ino, 0, b"B" * 10)
+                want[:10] = b"B" * 10
+            elif change == "truncate":
+                await s.engine.truncate(ino, E - 10)
+                del want[E - 10:]
+            else:
+                writes = DirectWrites(s.engine)
+                [(_idx, fd)] = await writes.hold(ino, 0, 0, os.O_RDWR)
+                try:
+                    os.pwrite(fd, b"B" * 10, 0)
+                finally:
+                    os.close(fd)
+                writes.release(ino, [0])
+                want[:10] = b"B" * 10
+            await _cold(s, ino)  # uploaded, and read back from the bucket below
+            got = await _read(s, ino, 0, E, "after the change was uploaded")
+            assert got == bytes(want), "the rotten byte went to the bucket" if b"Z" in got \
+                else "the file does not hold what was written"
+            assert s.engine.stats.counters["hot_checksum_errors"] == 1
 
     run(scenario)
 

@@ -34,7 +34,8 @@ class DirectWrites:
         always granted (waiting for a fetch or for room as a write through the mount
         would, then ENOSPC); the others only as far as room is there without waiting
         (clean extents may be evicted for them).
-        Cold extents are fetched first: the writer may change part of them."""
+        Cold extents are fetched first, and copies found at mount checked: the
+        writer may change part of them."""
         engine = self.engine
         E = engine.E
         granted: list[tuple[int, int]] = []
@@ -50,7 +51,7 @@ class DirectWrites:
                         ext = exts.get(idx)
                         # Only the first extent ever waits: nothing is granted (and
                         # nothing uncommitted in `records`) across an await.
-                        if ext is not None and not ext.hot:
+                        if ext is not None and engine.needs_ready(ino, idx, ext):
                             if granted:
                                 return granted  # the next request gets it
                             await engine.ensure_hot(ino, idx)

@@ -763,12 +763,25 @@ class Engine:
         self.stats.observe("cold_fetch_seconds", "", time.monotonic() - t0)
         return data
 
+    def needs_ready(self, ino: int, idx: int, ext: Extent) -> bool:
+        """Whether `ext` must be made ready (ensure_hot) before it is changed in place:
+        it is cold, or its hot copy was found at mount and not checked yet."""
+        return not ext.hot or (self.verify_hot and not ext.dirty
+                               and (ino, idx) in self.index.unchecked)
+
     async def ensure_hot(self, ino: int, idx: int) -> None:
-        """Make an extent hot before changing it in place."""
-        _node, exts = self.meta.get_extents(ino, idx, idx)
-        ext = exts.get(idx)
-        if ext is not None and not ext.hot:
-            await self.fetch(ino, idx, for_write=True)
+        """Make an extent hot before changing it in place: fetched if cold, and a copy
+        found at mount checked first. Changed in place, a damaged copy's bytes would
+        become the file's (dirty, then uploaded over the good object)."""
+        while True:
+            _node, exts = self.meta.get_extents(ino, idx, idx)
+            ext = exts.get(idx)
+            if ext is None or not self.needs_ready(ino, idx, ext):
+                return
+            if not ext.hot:
+                await self.fetch(ino, idx, for_write=True)
+                return
+            await self.verify_hot_copy(ino, idx)  # a damaged copy is dropped: fetch it
 
     # ---- writes ---------------------------------------------------------------------
     async def write(self, ino: int, off: int, data) -> int:
@@ -839,13 +852,14 @@ class Engine:
             os.close(fd)
 
     async def _prepare_write(self, ino: int, off: int, end: int):
-        """Fetch partially overwritten cold extents and wait for room; loops
-        because every await may change what the records say."""
+        """Fetch partially overwritten cold extents (and check such copies found at
+        mount) and wait for room; loops because every await may change what the
+        records say."""
         E = self.E
         first, last = off // E, (end - 1) // E
         while True:
             node, exts = self.meta.get_extents(ino, first, last)
-            cold = [i for i, x in exts.items() if not x.hot and
+            cold = [i for i, x in exts.items() if self.needs_ready(ino, i, x) and
                     not (off <= i * E and end >= i * E + x.length)]
             if cold:
                 for idx in cold:
@@ -874,7 +888,8 @@ class Engine:
         while True:
             node, exts = self.meta.get_extents(ino, 0, (1 << 64) - 1)
             ext = exts.get(cut_idx)
-            if new_size < node.size and new_size % E and ext is not None and not ext.hot:
+            if (new_size < node.size and new_size % E and ext is not None
+                    and self.needs_ready(ino, cut_idx, ext)):
                 await self.ensure_hot(ino, cut_idx)  # cut it in place on the hot tier
                 continue
             break
