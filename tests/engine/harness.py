@@ -188,7 +188,8 @@ class Stack:
         """What a new mount starts with: every clean hot copy is to be checked against
         its record on its next read."""
         index = self.engine.index
-        index.unchecked.update(key for key in index.sizes if key not in index.dirty)
+        for key in list(index.sizes):
+            index.uncheck(key)
 
     def hold_hot_checks(self) -> tuple[Hold, Hold]:
         """Make the worker-thread checks of hot copies against their records wait

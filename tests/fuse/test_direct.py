@@ -438,19 +438,24 @@ def test_data_written_through_the_mount_is_seen_after_close(pub):
         assert is_direct(f) and f.read() == bytes(expect)
 
 
+def read_batch(paths: list[str], want: list[bytes]) -> None:
+    """open_many of `paths`: every file direct, and read whole, `want`."""
+    files = tierfs.open_many(paths)
+    try:
+        assert all(is_direct(f) for f in files)
+        assert [f.read() for f in files] == want
+    finally:
+        for f in files:
+            f.close()
+
+
 def test_open_many_resolves_a_batch_in_one_request(pub):
     m = pub()
     names = [f"s{i:02d}" for i in range(20)]
     for i, name in enumerate(names):
         write_file(m.path(name), pattern(1000 + i, i))
     before = counters(m)
-    files = tierfs.open_many([m.path(n) for n in names])
-    try:
-        assert all(is_direct(f) for f in files)
-        assert [f.read() for f in files] == [pattern(1000 + i, i) for i in range(20)]
-    finally:
-        for f in files:
-            f.close()
+    read_batch([m.path(n) for n in names], [pattern(1000 + i, i) for i in range(20)])
     after = counters(m)
     assert grew(before, after, "direct_requests") == 1
     assert grew(before, after, "direct_open_files") == 20
@@ -470,13 +475,7 @@ def test_open_many_asks_the_kernel_nothing_for_names_it_has_not_cached(pub):
     tierfs.open_many([m.path(names[0])])[0].close()  # this process knows the mount
     m.remount()
     lookups = fuse_ops(m).get("lookup", 0)
-    files = tierfs.open_many([m.path(n) for n in names])
-    try:
-        assert all(is_direct(f) for f in files)
-        assert [f.read() for f in files] == [pattern(1000 + i, i) for i in range(30)]
-    finally:
-        for f in files:
-            f.close()
+    read_batch([m.path(n) for n in names], [pattern(1000 + i, i) for i in range(30)])
     # The mount's device number may be a new one: finding the mount again may cost
     # a lookup or two, never one per file.
     assert fuse_ops(m).get("lookup", 0) - lookups <= 2

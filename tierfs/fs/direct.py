@@ -418,9 +418,7 @@ class DirectOpen:
     def _ready(self, ino: int, idx: int, ext) -> bool:
         """Hot, and either dirty (ours, nothing to check) or not waiting for the check
         of a copy found at mount."""
-        e = self.engine
-        return ext.hot and (ext.dirty or not e.verify_hot
-                            or (ino, idx) not in e.index.unchecked)
+        return not self.engine.needs_ready(ino, idx, ext)
 
     async def _make_ready_all(self, keys: list) -> set:
         """Fetch and verify, in parallel, the extents among `keys` that need it.

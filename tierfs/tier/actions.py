@@ -138,8 +138,7 @@ async def scrub(engine, ino: int) -> dict:
             continue
         hot_good = False
         if ext.hot:
-            if (ino, idx) in engine.index.sizes:
-                engine.index.unchecked.add((ino, idx))  # check it again now
+            engine.index.uncheck((ino, idx))  # check it again now
             if await engine.verify_hot_copy(ino, idx):
                 out["hot_ok"] += 1
                 hot_good = True

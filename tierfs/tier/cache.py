@@ -150,6 +150,11 @@ class HotIndex:
         if key in self.dirty:
             self.dirty_bytes += size - old
 
+    def uncheck(self, key: Key) -> None:
+        """Have a clean copy checked against its record again on its next read."""
+        if key in self.sizes and key not in self.dirty:
+            self.unchecked.add(key)
+
     def written(self, key: Key, end: int) -> None:
         """Record a write into the extent file up to byte `end`."""
         if key not in self.sizes:

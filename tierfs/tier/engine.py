@@ -200,7 +200,7 @@ class Engine:
         more): the caller fetches from the bucket."""
         key = (ino, idx)
         try:
-            if self.verify_hot and key in self.index.unchecked and not ext.dirty:
+            if self.needs_ready(ino, idx, ext):  # hot: a copy found at mount, unchecked
                 whole = self.verify_inline(ino, idx, ext)
                 if whole is not None:  # checked on this thread, no hop: serve from it
                     piece = whole[offset:offset + len(out)]
@@ -774,8 +774,7 @@ class Engine:
         found at mount checked first. Changed in place, a damaged copy's bytes would
         become the file's (dirty, then uploaded over the good object)."""
         while True:
-            _node, exts = self.meta.get_extents(ino, idx, idx)
-            ext = exts.get(idx)
+            ext = self._record(ino, idx)
             if ext is None or not self.needs_ready(ino, idx, ext):
                 return
             if not ext.hot:
