@@ -122,6 +122,27 @@ class PgServer:
             with contextlib.suppress(ProcessLookupError):  # a backend whose client left
                 os.kill(pid, signal.SIGCONT)
 
+    @contextlib.contextmanager
+    def frozen_backends(self, application_name: str) -> Iterator[list[int]]:
+        """Stop the backends of the connections named `application_name` (one
+        node's change feed, say) until the block ends: their clients get nothing,
+        as over a slow network, while every other connection works."""
+        import psycopg
+        with psycopg.connect(self.url("postgres"), autocommit=True) as conn:
+            pids = [row[0] for row in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+                (application_name,))]
+        if not pids:
+            raise AssertionError(f"no connection named {application_name!r}")
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            yield pids
+        finally:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+
     def stop(self) -> None:
         """Fast shutdown: open connections are cut, committed data stays."""
         if self.proc is not None and self.proc.poll() is None:

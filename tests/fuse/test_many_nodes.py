@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import random
+import socket
 import threading
 import time
 
@@ -117,6 +118,28 @@ def test_one_create_wins(nodes):
         winner = results.index("ok")
         for m in nodes:
             assert read_file(m.path(f"race{round_}")) == f"node{winner}".encode()
+
+
+def feed_connection(m) -> str:
+    """The application_name of a node's change feed connection (postgres_kv)."""
+    return f"tierfs feed {socket.gethostname()} pid {m.pid}"[:63]
+
+
+def test_an_open_sees_a_close_the_change_feed_has_not_told(nodes, postgres):
+    """B looks a file up while A still writes it, so B's kernel holds its size as 0.
+    With B's change feed held up, only B's open() can tell B's kernel that A closed
+    the file with bytes in it: B reads them, not an empty file. (A node that lost
+    an O_EXCL race looked the winner's file up the same way.)"""
+    a, b, _c = nodes
+    with postgres.frozen_backends(feed_connection(b)):
+        fd = os.open(a.path("f"), os.O_CREAT | os.O_WRONLY)
+        try:
+            assert os.stat(b.path("f")).st_size == 0
+            os.write(fd, b"written on A")
+        finally:
+            os.close(fd)
+        assert read_file(b.path("f")) == b"written on A"
+        assert os.stat(b.path("f")).st_size == len(b"written on A")
 
 
 def test_concurrent_namespace_changes_match_a_model(nodes):

@@ -199,10 +199,11 @@ class SharedView:
             return False  # nothing new: no write, the kernel's caches stay
         taken = {e.obj_id for e in changed.values() if e is not None and e.obj_id}
         self.local.take_view(node, changed, sorted(packs | (taken - asked)))
-        # A file this node never held has no pages here, and the kernel's attributes
-        # of it came from the shared records.
-        return old is not None and (
-            bool(changed) or (old.size, old.mtime_ns) != (node.size, node.mtime_ns))
+        # A file this node never held has no pages here, but the kernel may hold
+        # attributes from a lookup made before its writer closed it (the change feed
+        # that would drop them can come later): they go too.
+        return old is None or bool(changed) or \
+            (old.size, old.mtime_ns) != (node.size, node.mtime_ns)
 
     async def push(self, ino: int) -> None:
         """Publish this node's copy of a file (at close, fsync, truncate)."""
