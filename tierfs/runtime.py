@@ -9,6 +9,7 @@ import os
 import resource
 import signal
 import socket
+import time
 from types import SimpleNamespace
 
 import pyfuse3
@@ -42,6 +43,7 @@ log = logging.getLogger("tierfs")
 
 # A Unix socket's path must fit in sockaddr_un.sun_path (108 bytes with its NUL).
 MAX_SOCKET_PATH = 107
+INSTALL_WAIT_S = 0.02  # how long a lookup answer on its way may take to reach the kernel
 
 
 def lock_cache_dir(cache_dir: str) -> int:
@@ -231,21 +233,37 @@ class Daemon:
 
     def _on_change(self, inodes, entries, everything) -> None:
         """Another node changed these (the change feed's thread): the kernel's cached
-        attributes and names of them go, so stat and lookups ask again."""
+        attributes and names of them go, so stat and lookups ask again. Noted first,
+        for lookups still reading (SharedOperations._answer)."""
+        self.ops.changes.note(inodes, entries, everything)
         if everything:
             inodes = set(self.ops.lookups)
+        missed = self._invalidate(inodes, entries)
+        if missed:
+            # Counted as looked up, but not in the kernel yet: a lookup's answer on
+            # its way, which it will hold in a moment. Once more after that moment.
+            time.sleep(INSTALL_WAIT_S)
+            self._invalidate(missed, ())
+
+    def _invalidate(self, inodes, entries) -> set[int]:
+        """Drop the kernel's attributes and names of what it holds; returns the
+        inodes counted as looked up that the kernel did not hold. (A name the kernel
+        does not hold is no error, so a name on its way is not seen here: the window
+        between a lookup's check and the kernel taking its answer stays.)"""
+        missed = set()
         for ino in inodes:
             if ino in self.ops.lookups:
                 try:
                     pyfuse3.invalidate_inode(ino, attr_only=True)
                 except OSError:
-                    pass  # the kernel let go of it meanwhile
+                    missed.add(ino)
         for parent, name in entries:
             if parent in self.ops.lookups:
                 try:
                     pyfuse3.invalidate_entry(parent, name)
                 except OSError:
-                    pass
+                    pass  # the kernel let go of the directory meanwhile
+        return missed
 
     def fuse_options(self) -> set[str]:
         opts = {"fsname=tierfs", "subtype=tierfs"}

@@ -20,6 +20,7 @@ import trio
 from ..errors import FsError
 from ..tier.engine import kill_suid
 from .ops import CAPABILITY_XATTR, Operations, _guard, attr_change
+from .recent_changes import RecentChanges
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,18 @@ class SharedOperations(Operations):
         self.maybe_orphans: set[int] = set()
         self._files = 0  # the namespace's file count as last counted (statfs)
         self._counted: trio.Event | None = None  # set when the count asked for is in
+        self.changes = RecentChanges()  # the change feed's, told by the runtime
+
+    def _answer(self, seq: int, entry: pyfuse3.EntryAttributes,
+                name: tuple[int, bytes] | None = None) -> pyfuse3.EntryAttributes:
+        """Count an entry as looked up, then, if the change feed named it since `seq`
+        (taken before the database read), let the kernel cache none of it: that
+        notification's invalidation found nothing in the kernel to drop. Counted
+        first, so a notification after this check finds the inode and invalidates."""
+        self._looked_up(entry.st_ino)
+        if self.changes.since(seq, entry.st_ino, name):
+            entry.entry_timeout = entry.attr_timeout = 0
+        return entry
 
     # ---- attributes ---------------------------------------------------------------
     def _shared_entry(self, found) -> pyfuse3.EntryAttributes:
@@ -49,9 +62,9 @@ class SharedOperations(Operations):
 
     @_guard
     async def lookup(self, parent_inode, name, ctx):
+        seq = self.changes.seq
         found = await self.call(self.ns.attrs, parent_inode, self.engine.E, name)
-        self._looked_up(found[0].ino)
-        return self._shared_entry(found)
+        return self._answer(seq, self._shared_entry(found), (parent_inode, name))
 
     @_guard
     async def getattr(self, inode, ctx):
@@ -88,39 +101,39 @@ class SharedOperations(Operations):
 
     # ---- namespace ------------------------------------------------------------------
     async def _create_shared(self, parent, name, mode, ctx, rdev=0, target=None):
+        """The new node and its entry for the kernel, counted as looked up."""
         self.state.check_writable()
+        seq = self.changes.seq
         node = await self.call(self.ns.create_node, parent, name, mode, ctx.uid, ctx.gid,
                                rdev, target)
-        self._looked_up(node.ino)
         if stat.S_ISREG(node.mode):
             self.view.created(node)
-        return node
+        blocks = None if stat.S_ISLNK(node.mode) else 0
+        return node, self._answer(seq, self._entry(node, blocks), (parent, name))
 
     @_guard
     async def mknod(self, parent_inode, name, mode, rdev, ctx):
-        node = await self._create_shared(parent_inode, name, mode, ctx, rdev)
-        return self._entry(node, 0)
+        return (await self._create_shared(parent_inode, name, mode, ctx, rdev))[1]
 
     @_guard
     async def mkdir(self, parent_inode, name, mode, ctx):
-        node = await self._create_shared(parent_inode, name,
-                                         stat.S_IFDIR | stat.S_IMODE(mode), ctx)
-        return self._entry(node, 0)
+        return (await self._create_shared(parent_inode, name,
+                                          stat.S_IFDIR | stat.S_IMODE(mode), ctx))[1]
 
     @_guard
     async def symlink(self, parent_inode, name, target, ctx):
         if len(target) > 4095:
             raise FsError(errno.ENAMETOOLONG)
-        node = await self._create_shared(parent_inode, name, stat.S_IFLNK | 0o777, ctx,
-                                         target=target)
-        return self._entry(node)
+        return (await self._create_shared(parent_inode, name, stat.S_IFLNK | 0o777, ctx,
+                                          target=target))[1]
 
     @_guard
     async def link(self, inode, new_parent_inode, new_name, ctx):
         self.state.check_writable()
+        seq = self.changes.seq
         await self.call(self.ns.link, inode, new_parent_inode, new_name)
-        self._looked_up(inode)
-        return self._shared_entry(await self.call(self.ns.attrs, inode, self.engine.E))
+        found = await self.call(self.ns.attrs, inode, self.engine.E)
+        return self._answer(seq, self._shared_entry(found), (new_parent_inode, new_name))
 
     def _gone(self, ino: int | None, purged: bool) -> None:
         if ino is None:
@@ -194,10 +207,10 @@ class SharedOperations(Operations):
 
     @_guard
     async def create(self, parent_inode, name, mode, flags, ctx):
-        node = await self._create_shared(parent_inode, name,
-                                         stat.S_IFREG | stat.S_IMODE(mode), ctx)
+        node, entry = await self._create_shared(parent_inode, name,
+                                                stat.S_IFREG | stat.S_IMODE(mode), ctx)
         fh = self._new_fh(node.ino, flags)
-        return pyfuse3.FileInfo(fh=fh, keep_cache=True), self._entry(node, 0)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=True), entry
 
     @_guard
     async def write(self, fh, off, buf):
@@ -224,6 +237,7 @@ class SharedOperations(Operations):
         ino = self.handles[fh].ino
         after = start_id
         while True:
+            seq = self.changes.seq
             node, parent, batch = await self.call(self.ns.readdir_plus, ino, after, 256,
                                                   self.engine.E)
             if after < 1:
@@ -237,9 +251,13 @@ class SharedOperations(Operations):
             if not batch:
                 return
             for cookie, name, found in batch:
-                if not pyfuse3.readdir_reply(token, name, self._shared_entry(found), cookie):
+                # Counted before the reply: the kernel holds the entry once it is in.
+                entry = self._answer(seq, self._shared_entry(found), (ino, name))
+                if not pyfuse3.readdir_reply(token, name, entry, cookie):
+                    self.lookups[entry.st_ino] -= 1  # not sent: the kernel never had it
+                    if not self.lookups[entry.st_ino]:
+                        del self.lookups[entry.st_ino]
                     return
-                self._looked_up(found[0].ino)
                 after = cookie
 
     @_guard
