@@ -237,7 +237,7 @@ class Daemon:
         for lookups still reading (SharedOperations._answer)."""
         self.ops.changes.note(inodes, entries, everything)
         if everything:
-            inodes = set(self.ops.lookups)
+            inodes = {pyfuse3.ROOT_INODE, *self.ops.lookups}
         missed = self._invalidate(inodes, entries)
         if missed:
             # Counted as looked up, but not in the kernel yet: a lookup's answer on
@@ -252,18 +252,23 @@ class Daemon:
         between a lookup's check and the kernel taking its answer stays.)"""
         missed = set()
         for ino in inodes:
-            if ino in self.ops.lookups:
+            if self._held(ino):
                 try:
                     pyfuse3.invalidate_inode(ino, attr_only=True)
                 except OSError:
                     missed.add(ino)
         for parent, name in entries:
-            if parent in self.ops.lookups:
+            if self._held(parent):
                 try:
                     pyfuse3.invalidate_entry(parent, name)
                 except OSError:
                     pass  # the kernel let go of the directory meanwhile
         return missed
+
+    def _held(self, ino: int) -> bool:
+        """Whether the kernel may hold the inode: one it looked up, or the root, which
+        it holds from the mount on without a lookup."""
+        return ino == pyfuse3.ROOT_INODE or ino in self.ops.lookups
 
     def fuse_options(self) -> set[str]:
         opts = {"fsname=tierfs", "subtype=tierfs"}

@@ -6,6 +6,7 @@ PostgreSQL restarted."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import random
 import socket
@@ -20,6 +21,7 @@ from tests.moto_server import s3_env
 from tests.pg_server import pg_server
 
 NODES = 3
+MiB = 1 << 20
 # What a daemon logs, and must, when requests fail while its database does not answer
 # (a COMMIT cut off that way has an outcome it cannot learn until the server is back).
 DATABASE_AWAY = (r"metadata database .* (did not answer within|unreachable for|"
@@ -74,6 +76,45 @@ def test_data_waits_for_the_writer_to_upload(nodes):
     assert read_file(b.path("big.bin")) == bytes(want)
 
 
+def test_a_write_that_waits_while_its_file_is_pushed_is_published(
+        mount_factory, s3_url, s3_endpoint, postgres, tmp_path):
+    """A write on B waits for the cold extent it partly overwrites while B pushes the
+    file (`sync --wait` here; a finished upload does the same). That push must not
+    count the file as published: B's close then publishes the write, and A reads it."""
+    env = dict(os.environ, **s3_env(s3_endpoint))
+    common = ("--meta-url", postgres.new_schema(), "--session-timeout", "6",
+              "--extent-size", "1M")
+    faults = tmp_path / "faults.json"
+    a = mount_factory(cold_url=s3_url, env=env, name="a", args=common)
+    b = mount_factory(cold_url=s3_url, env=env, name="b",
+                      args=(*common, "--fault-file", str(faults)))
+    data = os.urandom(2 * MiB)
+    write_file(b.path("f"), data)
+    b.cli("sync", b.path("f"), "--wait", check=True)
+    b.cli("release", b.path("f"), check=True)
+    faults.write_text(json.dumps({"hang": True, "hang_ops": ["get"]}))
+    wrote = []
+
+    def write() -> None:
+        fd = os.open(b.path("f"), os.O_RDWR)
+        try:
+            wrote.append(os.pwrite(fd, b"new", MiB + 10))
+        finally:
+            os.close(fd)
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        wait_until(lambda: status(b)["fetches_in_flight"] >= 1, 30, "the write's fetch")
+        b.cli("sync", b.path("f"), "--wait", check=True)
+    finally:
+        faults.write_text(json.dumps({}))
+        writer.join(60)
+    assert wrote == [3]
+    want = bytearray(data)
+    want[MiB + 10:MiB + 13] = b"new"
+    assert read_file(a.path("f")) == bytes(want)
+
+
 def test_names_seen_across_nodes(nodes):
     a, b, c = nodes
     os.mkdir(a.path("d"))
@@ -92,6 +133,12 @@ def test_names_seen_across_nodes(nodes):
     assert os.getxattr(b.path("d", "y"), "user.k") == b"v"
     os.chmod(b.path("d", "y"), 0o600)
     wait_until(lambda: os.stat(c.path("d", "y")).st_mode & 0o777 == 0o600, 10, "chmod on C")
+    # The same in the mount's root, which the kernel holds without a lookup.
+    write_file(a.path("top"), b"t")
+    assert os.stat(b.path("top")).st_size == 1
+    os.rename(a.path("top"), a.path("top2"))
+    wait_until(lambda: not os.path.exists(b.path("top")), 10, "old root name gone on B")
+    assert read_file(b.path("top2")) == b"t"
 
 
 def test_one_create_wins(nodes):
@@ -120,6 +167,31 @@ def test_one_create_wins(nodes):
             assert read_file(m.path(f"race{round_}")) == f"node{winner}".encode()
 
 
+def test_creates_without_o_excl_all_open_the_one_file(nodes):
+    """Three nodes open one new name with O_CREAT but not O_EXCL at once, as ranks
+    opening one log do: every open succeeds (POSIX), on the one file there is."""
+    for round_ in range(8):
+        start = threading.Barrier(NODES)
+        results = [None] * NODES
+
+        def create(i):
+            start.wait()
+            try:
+                fd = os.open(nodes[i].path(f"log{round_}"), os.O_CREAT | os.O_WRONLY)
+                try:
+                    results[i] = os.fstat(fd).st_ino
+                finally:
+                    os.close(fd)
+            except OSError as e:
+                results[i] = e
+        threads = [threading.Thread(target=create, args=(i,)) for i in range(NODES)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert len(set(results)) == 1 and isinstance(results[0], int), results
+
+
 def feed_connection(m) -> str:
     """The application_name of a node's change feed connection (postgres_kv)."""
     return f"tierfs feed {socket.gethostname()} pid {m.pid}"[:63]
@@ -140,6 +212,21 @@ def test_an_open_sees_a_close_the_change_feed_has_not_told(nodes, postgres):
             os.close(fd)
         assert read_file(b.path("f")) == b"written on A"
         assert os.stat(b.path("f")).st_size == len(b"written on A")
+
+
+def test_an_open_after_a_tiering_command_still_drops_old_pages(nodes, postgres):
+    """B has read a file (its pages and attributes cached); A rewrites it. With B's
+    change feed held up, `tierfs status` on B brings A's records into B's copy
+    first: B's next open must still drop the old pages and attributes."""
+    a, b, _c = nodes
+    write_file(a.path("f"), b"old bytes")
+    assert read_file(b.path("f")) == b"old bytes"
+    os.stat(b.path("f"))  # the atime a read leaves stale, fetched: all attributes cached
+    with postgres.frozen_backends(feed_connection(b)):
+        write_file(a.path("f"), b"new bytes")
+        b.cli("status", b.path("f"), check=True)
+        assert read_file(b.path("f")) == b"new bytes"
+        assert os.stat(b.path("f")).st_mtime_ns == os.stat(a.path("f")).st_mtime_ns
 
 
 def test_concurrent_namespace_changes_match_a_model(nodes):

@@ -80,9 +80,9 @@ class SharedOperations(Operations):
             if not stat.S_ISREG(node.mode):
                 raise FsError(errno.EINVAL)
             await self.view.pull(inode)
-            if attr.st_size != self.meta.get_inode(inode).size:
-                await self.engine.truncate(inode, attr.st_size)
-            self.view.touched(inode)
+            with self.view.changing(inode):
+                if attr.st_size != self.meta.get_inode(inode).size:
+                    await self.engine.truncate(inode, attr.st_size)
         change = attr_change(attr, fields, ctx.uid, time.time_ns())
         node = await self.call(self.ns.modify_inode, inode, change)
         self._change_local(inode, change)
@@ -161,6 +161,8 @@ class SharedOperations(Operations):
             self._in_use, pyfuse3.RENAME_NOREPLACE, pyfuse3.RENAME_EXCHANGE))
 
     async def _maybe_purge(self, ino: int) -> None:
+        if not self._in_use(ino):  # the kernel let go: it caches nothing of it
+            self.view.kernel_told(ino)
         if ino in self.maybe_orphans and not self._in_use(ino):
             self.maybe_orphans.discard(ino)
             try:
@@ -177,9 +179,9 @@ class SharedOperations(Operations):
             self.state.check_writable()
         changed = await self.view.pull(inode)
         if flags & os.O_TRUNC:
-            if self.meta.get_inode(inode).size:
-                await self.engine.truncate(inode, 0)
-            self.view.touched(inode)
+            with self.view.changing(inode):
+                if self.meta.get_inode(inode).size:
+                    await self.engine.truncate(inode, 0)
             t = time.time_ns()
             uid = ctx.uid
 
@@ -195,6 +197,7 @@ class SharedOperations(Operations):
         else:
             self.engine.opened(inode)
         if changed:  # another node changed it: the kernel's size and times are old
+            self.view.kernel_told(inode)  # before: a pull meanwhile marks it again
             await trio.to_thread.run_sync(self._invalidate_attrs, inode)
         return pyfuse3.FileInfo(fh=self._new_fh(inode, flags), keep_cache=not changed)
 
@@ -207,16 +210,25 @@ class SharedOperations(Operations):
 
     @_guard
     async def create(self, parent_inode, name, mode, flags, ctx):
-        node, entry = await self._create_shared(parent_inode, name,
-                                                stat.S_IFREG | stat.S_IMODE(mode), ctx)
+        try:
+            node, entry = await self._create_shared(parent_inode, name,
+                                                    stat.S_IFREG | stat.S_IMODE(mode), ctx)
+        except FsError as e:
+            if e.errno == errno.EEXIST and not flags & os.O_EXCL:
+                # Another node made the name since the kernel looked it up. POSIX
+                # opens the file there is: ESTALE makes the kernel walk the path
+                # again, afresh, and open what it finds (with its own permission
+                # checks and O_TRUNC), once.
+                raise FsError(errno.ESTALE) from None
+            raise
         fh = self._new_fh(node.ino, flags)
         return pyfuse3.FileInfo(fh=fh, keep_cache=True), entry
 
     @_guard
     async def write(self, fh, off, buf):
         ino = self.handles[fh].ino
-        self.view.touched(ino)  # before the data lands: a crash then still pushes it
-        return await self.engine.write(ino, off, buf)
+        with self.view.changing(ino):
+            return await self.engine.write(ino, off, buf)
 
     @_guard
     async def flush(self, fh):

@@ -6,8 +6,8 @@ on the filesystem's channel naming what it changed: inode numbers and
 (directory, name) entries. PostgreSQL delivers it only if the transaction
 commits, in commit order. A node's Listener hands other nodes' changes to a
 callback (the mount turns them into kernel cache invalidations) and skips its
-own. After a lost connection it reconnects and reports "everything may have
-changed", since notifications sent meanwhile are gone.
+own. Once LISTEN takes effect, at the start and after a lost connection, it
+reports "everything may have changed", since notifications sent before are gone.
 """
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ class Listener:
         # The engine's: it bounds the LISTEN's wait for an answer.
         self.cursor_factory = cursor_factory or psycopg.Cursor
         self._stop = threading.Event()
-        self.listening = threading.Event()  # set while LISTEN is in force
+        self.listening = threading.Event()  # set while LISTEN is in force (and told)
         self._thread = threading.Thread(target=self._run, name="tierfs-meta-feed", daemon=True)
         self._thread.start()
 
@@ -89,10 +89,11 @@ class Listener:
                         fallback_application_name=self.application_name,
                         cursor_factory=self.cursor_factory) as conn:
                     conn.execute(f'LISTEN "{self.channel}"')
+                    # What was sent before LISTEN took effect (while starting, or while
+                    # the connection was lost) is gone: everything may have changed.
+                    self._tell(set(), set(), True)
                     self.listening.set()
-                    if lost:  # what was sent while we were away is gone
-                        self._tell(set(), set(), True)
-                        lost = False
+                    lost = False
                     while not self._stop.is_set():
                         for note in conn.notifies(timeout=0.5):
                             self._deliver(note.payload)

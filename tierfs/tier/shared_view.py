@@ -52,6 +52,10 @@ class SharedView:
         self.limiter = trio.CapacityLimiter(threads)
         self.unpublished: set[int] = set(self.local.unpublished())
         self._gen: dict[int, int] = {}
+        self._changing: dict[int, int] = {}  # changes of each file still on their way
+        # Files whose copy here changed under the kernel's cached attributes or pages
+        # (by any pull: open, setattr, a tiering command): the next open drops them.
+        self.stale_in_kernel: set[int] = set()
         self._locks: dict[int, trio.Lock] = {}
         self._due: set[int] = set()
         self._wake = trio.Event()
@@ -88,6 +92,23 @@ class SharedView:
         if ino not in self.unpublished:
             self.unpublished.add(ino)
             self.local.set_unpublished(ino, True)
+
+    @contextlib.contextmanager
+    def changing(self, ino: int):
+        """Around a change of a file's data or size that may wait (a write fetching the
+        extent it partly overwrites, a full hot tier): touched before it lands, so a
+        crash then still pushes the file, and no push meanwhile counts the file as
+        published, since what it read did not hold the change yet."""
+        self.touched(ino)
+        self._changing[ino] = self._changing.get(ino, 0) + 1
+        try:
+            yield
+        finally:
+            left = self._changing[ino] - 1
+            if left:
+                self._changing[ino] = left
+            else:
+                del self._changing[ino]
 
     def uploaded(self, inos) -> None:
         """Uploads of these files finished: publish their objects soon."""
@@ -130,9 +151,10 @@ class SharedView:
 
     async def pull(self, ino: int) -> bool:
         """Make this node's copy of a file the shared one (at open). Returns whether
-        it changed, so the kernel's cached pages and attributes must go."""
-        if ino in self.unpublished:
-            return False  # written here since: this copy is the newer one
+        the kernel's cached pages and attributes may be older than it, after this
+        pull or an earlier one: the caller that drops them calls kernel_told()."""
+        if ino in self.unpublished:  # written here since: this copy is the newer one
+            return ino in self.stale_in_kernel
         deadline = trio.current_time() + self.wait
         delay = 0.02
         async with self._lock(ino):
@@ -150,9 +172,13 @@ class SharedView:
                 delay = min(delay * 2, 0.5)
             asked = self._new_objects(ino, exts)
             packs = set(await self.call(self.shared.packs_among, sorted(asked))) if asked else set()
-            if ino in self.unpublished:
-                return False
-            return self._take(node, exts, packs, asked)
+            if ino not in self.unpublished and self._take(node, exts, packs, asked):
+                self.stale_in_kernel.add(ino)
+            return ino in self.stale_in_kernel
+
+    def kernel_told(self, ino: int) -> None:
+        """The kernel's cached pages and attributes of a file were dropped."""
+        self.stale_in_kernel.discard(ino)
 
     def _new_objects(self, ino: int, exts) -> set[int]:
         """Objects of published records this node's copy does not hold yet."""
@@ -227,7 +253,7 @@ class SharedView:
                     self.forget(pub.ino)
                 elif dirty:
                     self.hurry(pub.ino)
-                elif self._gen.get(pub.ino, 0) == gen:
+                elif self._gen.get(pub.ino, 0) == gen and pub.ino not in self._changing:
                     self.unpublished.discard(pub.ino)
                     self._gen.pop(pub.ino, None)
                     self.local.set_unpublished(pub.ino, False)
@@ -257,6 +283,7 @@ class SharedView:
     def forget(self, ino: int) -> None:
         """The shared namespace purged a file: so does this node."""
         self.unpublished.discard(ino)
+        self.stale_in_kernel.discard(ino)
         self._gen.pop(ino, None)
         self._locks.pop(ino, None)
         self.engine.drop_inode(ino)
