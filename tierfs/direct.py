@@ -238,7 +238,8 @@ def _talk(sock: socket.socket, req: dict) -> tuple[list[tuple[dict, list[int]]],
         sock.sendall(json.dumps(req).encode() + b"\n")
         buf = bytearray()
         while True:
-            data, anc, flags, _addr = sock.recvmsg(1 << 16, _ANC_SPACE)
+            # Close-on-exec, as open() makes its descriptors: a program it runs gets none.
+            data, anc, flags, _addr = sock.recvmsg(1 << 16, _ANC_SPACE, socket.MSG_CMSG_CLOEXEC)
             for level, kind, cdata in anc:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                     fds = array.array("i")
@@ -520,7 +521,12 @@ class DirectFile(Positioned):
 
     def _through_mount(self) -> int:
         if self._mount_fd is None:
-            self._mount_fd = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
+            if not _names_inode(fd, self._ino):
+                os.close(fd)  # reading on there would mix two files' bytes
+                raise OSError(errno.ESTALE, "the file was replaced (renamed over or "
+                              "unlinked) while it was read", self._path)
+            self._mount_fd = fd
         return self._mount_fd
 
     # ---- io.RawIOBase ---------------------------------------------------------------------
@@ -741,6 +747,11 @@ def _start_reads(answers) -> None:
                 pass
 
 
+def _names_inode(fd: int, ino) -> bool:
+    """Whether a descriptor of the mount is of the inode the daemon resolved."""
+    return os.fstat(fd).st_ino == int(ino)
+
+
 def _file(mount: _Mount, path, res: dict, fds: list[int], buffering: int):
     if "errno" in res:
         _close_all(fds)
@@ -755,6 +766,12 @@ def _file(mount: _Mount, path, res: dict, fds: list[int], buffering: int):
         # renamed or unlinked meanwhile), holds a descriptor of it from the start.
         if res.get("more") or any(kind != "fd" for _idx, kind in res["extents"]):
             mount_fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            if not _names_inode(mount_fd, res["ino"]):
+                # Renamed over since the daemon resolved it: what the path names now
+                # is another file, which a plain open reads whole.
+                _close_all(fds + [mount_fd])
+                _note(f"{path} was replaced while it was opened", logging.DEBUG)
+                return io.open(path, "rb", buffering)
         raw = DirectFile(path, path, mount, res, fds, mount_fd)
     except BaseException:
         _close_all(fds + ([mount_fd] if mount_fd is not None else []))

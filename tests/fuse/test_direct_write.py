@@ -397,3 +397,20 @@ def test_sync_wait_names_extents_held_by_an_open_writer(pub):
     finally:
         f.close()
     m.cli("sync", m.mountpoint, "--wait", "--timeout", "60", check=True)
+
+
+def test_bytes_a_writer_puts_past_its_extent_are_dropped_at_close(pub):
+    """A client that writes into its extent file past the extent's end (tierfs's own
+    library never does) would put bytes in the next extent's place, past the hot
+    tier's limit: they are cut at close, and the file ends at the extent's end."""
+    m = pub()
+    with tierfs.open(m.path("f"), "wb") as f:
+        f.write(b"a" * 100)
+        f.flush()
+        os.pwrite(raw(f)._held[0], b"beyond", E + 5)  # the descriptor it holds
+    assert os.stat(m.path("f")).st_size == E
+    data = read_file(m.path("f"))
+    assert data[:100] == b"a" * 100 and data[100:] == bytes(E - 100)
+    assert "wrote 11 bytes past the extent's end" in m.log()
+    assert counters(m)["direct_write_files"] == 1
+    m.cli("sync", m.mountpoint, "--wait", "--timeout", "60", check=True)

@@ -324,3 +324,36 @@ def test_a_request_past_the_daemons_limit_gets_its_answer_not_a_broken_pipe(mnt)
     with pytest.raises(UserError, match="hint failed: request too long"):
         call(mnt.mountpoint, "hint", paths=paths)
     assert call(mnt.mountpoint, "ping")["ok"]  # the daemon goes on
+
+
+def test_a_flood_of_control_connections_costs_the_socket_not_the_mount(mount_factory):
+    """Any local user may connect to the control socket. Connections past the cap are
+    closed at once: the mount keeps reading, and the socket answers again once the
+    flood ends."""
+    import resource
+    import socket
+
+    from tierfs.fs.control import MAX_CONNECTIONS
+    from tests.harness import read_file, wait_until, write_file
+    m = mount_factory()
+    write_file(m.path("f"), b"still here")
+    sock_path = os.path.join(m.cache_dir, "control.sock")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, MAX_CONNECTIONS + 512), hard))
+    flood = []
+    try:
+        for _ in range(MAX_CONNECTIONS + 10):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            flood.append(s)
+            s.connect(sock_path)
+        last = flood[-1]
+        last.settimeout(30)
+        assert last.recv(1) == b""  # closed by the daemon: over the cap
+        assert read_file(m.path("f")) == b"still here"
+    finally:
+        for s in flood:
+            s.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    wait_until(lambda: m.cli("status", m.mountpoint).returncode == 0, 30,
+               "the control socket to answer again")
+    assert "connections are open; closing new ones" in m.log()

@@ -12,10 +12,12 @@ from tierfs.fs.direct import (MAY_EXEC, MAY_READ, MAY_WRITE, MAX_LINKS, Creds, U
                               resolve)
 from tierfs.meta.schema import ROOT_INO, Inode
 
-ROOT = Creds.of(0, 0)
-ALICE = Creds.of(1000, 1000)
-BOB = Creds.of(1001, 1001)
-BOB_IN_STAFF = Creds.of(1001, 1001, [50])
+# Callers whose capabilities the rules are told (the daemon never is: see below).
+ALL_CAPS = 1 << 1 | 1 << 2  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+ROOT = Creds.of(0, 0, caps=ALL_CAPS)
+ALICE = Creds.of(1000, 1000, caps=0)
+BOB = Creds.of(1001, 1001, caps=0)
+BOB_IN_STAFF = Creds.of(1001, 1001, [50], caps=0)
 MOUNT = "/mnt/t"
 
 
@@ -102,6 +104,30 @@ def test_capabilities_not_uid_decide():
     assert not may(stat.S_IFREG | 0o000, 1000, 1000, reader, MAY_WRITE)
     assert may(stat.S_IFDIR | 0o000, 1000, 1000, reader, MAY_EXEC | MAY_READ)
     assert not may(stat.S_IFDIR | 0o000, 1000, 1000, reader, MAY_EXEC | MAY_WRITE)
+
+
+def test_where_the_bits_refuse_a_peer_the_kernel_decides():
+    """The daemon knows a peer's uid and groups, not its capabilities (/proc shows
+    full ones inside a rootless container, and the connector's, not the holder's):
+    where the bits refuse, a capability might allow, so the kernel decides. Where
+    they allow, or nothing could override them, the daemon answers."""
+    peer, peer_root = Creds.of(1001, 1001), Creds.of(0, 0)
+    assert may(stat.S_IFREG | 0o644, 1000, 1000, peer, MAY_READ)
+    assert may(stat.S_IFREG | 0o600, 0, 0, peer_root, MAY_READ)
+    for who in (peer, peer_root):
+        with pytest.raises(UseMount):
+            may(stat.S_IFREG | 0o600, 1000, 1000, who, MAY_READ)
+        with pytest.raises(UseMount):
+            may(stat.S_IFDIR | 0o700, 1000, 1000, who, MAY_EXEC)
+        assert not may(stat.S_IFREG | 0o644, 1000, 1000, who, MAY_EXEC)
+    ns = FakeMeta()
+    ns.dir("private", 0o700, 1000, 1000)
+    ns.file("private/f", 0o644, 1000, 1000)
+    ns.file("secret", 0o600, 1000, 1000)
+    with pytest.raises(UseMount):
+        resolve(ns, "private/f", peer_root, [MOUNT])
+    with pytest.raises(UseMount):
+        resolve(ns, "secret", peer, [MOUNT])
 
 
 # ---- resolve(): the walk -------------------------------------------------------------------

@@ -33,6 +33,12 @@ log = logging.getLogger(__name__)
 TREE_LIMIT = 1_000_000
 # Bytes of one request line at most (256 direct_open paths of 4 KiB each fit).
 MAX_REQUEST = 8 << 20
+# Control connections open at once at most: any local user may connect, and each
+# costs a descriptor that hot-tier reads and fetches need too (a loader keeps one
+# per thread). One over the limit is closed at once, and the accept loop never ends
+# on an error of accept(): a flood of connections costs the socket, not the mount.
+MAX_CONNECTIONS = 4096
+ACCEPT_RETRY_S = 0.1
 # Files a quick action on many (release_many, unpin_many) handles between two turns
 # of the event loop: a few milliseconds of work.
 EACH_PASS = 64
@@ -144,6 +150,7 @@ class Control:
         self.ns = daemon.shared or daemon.meta
         self.view = getattr(daemon, "view", None) if daemon.shared else None
         self.socket_path = os.path.join(daemon.cfg.cache_dir, "control.sock")
+        self.connections = 0  # open control connections (MAX_CONNECTIONS)
         self.commands = {"status": self.cmd_status, "ping": self.cmd_ping,
                          "sync": self.cmd_sync, "prefetch_many": self.cmd_prefetch_many,
                          "release": self.cmd_release, "release_many": self.cmd_release_many,
@@ -466,9 +473,27 @@ class Control:
         # are checked by the daemon as the kernel would, on the peer's credentials.
         os.chmod(path, 0o666)
         sock.listen(64)
+        refused = False  # logged once for each run of refusals
         async with trio.open_nursery() as nursery:
             while True:
-                conn, _ = await sock.accept()
+                try:
+                    conn, _ = await sock.accept()
+                except OSError as e:  # EMFILE, ENFILE, ENOMEM: out of descriptors
+                    if not refused:
+                        log.warning("control socket: accepting a connection failed (%s); "
+                                    "%d are open", e, self.connections)
+                    refused = True
+                    await trio.sleep(ACCEPT_RETRY_S)
+                    continue
+                if self.connections >= MAX_CONNECTIONS:
+                    conn.close()
+                    if not refused:
+                        log.warning("control socket: %d connections are open; closing new "
+                                    "ones until some end", self.connections)
+                    refused = True
+                    continue
+                refused = False
+                self.connections += 1
                 stream = ControlConn(socket.socket(fileno=conn.detach()))
                 nursery.start_soon(self._handle, stream)
 
@@ -522,6 +547,7 @@ class Control:
         except Exception:
             log.exception("control request failed")
         finally:
+            self.connections -= 1
             for hook in conn.get("on_close", ()):
                 with trio.CancelScope(shield=True):
                     try:

@@ -60,45 +60,37 @@ FETCH_PARALLEL = 16  # cold extents of one request fetched at once
 # ---- the kernel's permission rules (pure) ------------------------------------------------
 
 class Creds:
-    """Who asks: effective uid/gid, supplementary groups, and the two capabilities
-    that bypass file permission checks. The capability mask may come from a function
-    called only when the mode bits alone refuse (reading it costs a /proc read);
-    where it is not known, uid 0 has both capabilities, as root usually does."""
-    __slots__ = ("uid", "gid", "groups", "_caps", "_load")
+    """Who asks: effective uid/gid and supplementary groups, as the socket's peer
+    credentials give them. `caps`, the two capabilities that bypass file permission
+    checks, is given only by tests: the daemon never learns a peer's. /proc shows
+    the connector's capabilities in its own user namespace (full ones in a rootless
+    container) and as they are now (after an exec of a setuid program), not those of
+    whoever holds the socket. Where the mode bits refuse, the kernel decides."""
+    __slots__ = ("uid", "gid", "groups", "caps")
 
-    def __init__(self, uid: int, gid: int, groups=(), caps: int | None = None, load=None):
+    def __init__(self, uid: int, gid: int, groups=(), caps: int | None = None):
         self.uid, self.gid, self.groups = uid, gid, frozenset(groups)
-        self._caps, self._load = caps, load
+        self.caps = caps
 
     @classmethod
     def of(cls, uid: int, gid: int, groups=(), caps: int | None = None) -> "Creds":
         return cls(uid, gid, groups, caps)
 
-    def _mask(self) -> int:
-        if self._caps is None:
-            caps = self._load() if self._load is not None else None
-            if caps is None:
-                caps = (1 << CAP_DAC_OVERRIDE | 1 << CAP_DAC_READ_SEARCH) if self.uid == 0 else 0
-            self._caps = caps
-        return self._caps
-
-    @property
-    def dac_override(self) -> bool:
-        return bool(self._mask() >> CAP_DAC_OVERRIDE & 1)
-
-    @property
-    def dac_read_search(self) -> bool:
-        return bool(self._mask() >> CAP_DAC_READ_SEARCH & 1)
-
     def in_group(self, gid: int) -> bool:
         return gid == self.gid or gid in self.groups
+
+
+class UseMount(Exception):
+    """The daemon's check cannot stand in for the kernel's: open through the mount."""
 
 
 def may(mode: int, uid: int, gid: int, creds: Creds, mask: int) -> bool:
     """The kernel's generic_permission() for an inode (mode, uid, gid): owner bits
     if the caller owns it, else group bits if it is in the group, else other bits;
     then CAP_DAC_READ_SEARCH (read, and search of directories) and CAP_DAC_OVERRIDE
-    (everything on directories; read/write on files, execute only if some x bit is set)."""
+    (everything on directories; read/write on files, execute only if some x bit is set).
+    Where the bits refuse and capabilities could allow, and the caller's are not
+    known, raises UseMount: the kernel weighs them."""
     if creds.uid == uid:
         bits = mode >> 6
     elif creds.in_group(gid):
@@ -107,15 +99,16 @@ def may(mode: int, uid: int, gid: int, creds: Creds, mask: int) -> bool:
         bits = mode
     if mask & ~bits & 7 == 0:
         return True
+    if not stat.S_ISDIR(mode) and mask & MAY_EXEC and not mode & 0o111:
+        return False  # no capability executes a file without x bits
+    if creds.caps is None:
+        raise UseMount(f"the mode bits refuse uid {creds.uid}; the kernel decides "
+                       "whether its capabilities allow")
+    read_search = bool(creds.caps >> CAP_DAC_READ_SEARCH & 1)
+    override = bool(creds.caps >> CAP_DAC_OVERRIDE & 1)
     if stat.S_ISDIR(mode):
-        if not mask & MAY_WRITE and creds.dac_read_search:
-            return True
-        return creds.dac_override
-    if mask == MAY_READ and creds.dac_read_search:
-        return True
-    if not mask & MAY_EXEC or mode & 0o111:
-        return creds.dac_override
-    return False
+        return override or (not mask & MAY_WRITE and read_search)
+    return override or (mask == MAY_READ and read_search)
 
 
 def may_follow(link, parent, creds: Creds) -> bool:
@@ -126,10 +119,6 @@ def may_follow(link, parent, creds: Creds) -> bool:
     if parent.mode & (stat.S_ISVTX | stat.S_IWOTH) != stat.S_ISVTX | stat.S_IWOTH:
         return True
     return parent.uid == link.uid
-
-
-class UseMount(Exception):
-    """The daemon's check cannot stand in for the kernel's: open through the mount."""
 
 
 def resolve(meta, rel: str, creds: Creds, mountpoints=(), protected_symlinks: bool = False):
@@ -210,10 +199,8 @@ def _strip_trailing(parts: deque) -> bool:
 
 def peer_credentials(sock) -> Creds:
     """Credentials of the process at the other end of a unix socket (as of its
-    connect): uid/gid from SO_PEERCRED, groups from SO_PEERGROUPS, and, when a
-    check needs them, the capabilities it holds from /proc (uid 0 counts as
-    privileged where /proc does not tell)."""
-    pid, uid, gid = struct.unpack("iII", sock.getsockopt(
+    connect): uid/gid from SO_PEERCRED, groups from SO_PEERGROUPS."""
+    _pid, uid, gid = struct.unpack("iII", sock.getsockopt(
         socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("iII")))
     groups = array.array("I")
     for size in (256, 65536):
@@ -225,20 +212,7 @@ def peer_credentials(sock) -> Creds:
             raise
         groups.frombytes(raw[:len(raw) - len(raw) % groups.itemsize])
         break
-    return Creds(uid, gid, groups, load=lambda: _capabilities(pid))
-
-
-def _capabilities(pid: int) -> int | None:
-    if pid <= 0:
-        return None
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("CapEff:"):
-                    return int(line.split()[1], 16)
-    except (OSError, ValueError):
-        pass
-    return None
+    return Creds(uid, gid, groups)
 
 
 def _protected_symlinks() -> bool:
@@ -333,8 +307,12 @@ class DirectOpen:
                 path = os.path.dirname(path)
             self._ancestors = (time.monotonic(), dirs)
         for path, mode, uid, gid in dirs:
-            if not may(mode, uid, gid, creds, MAY_EXEC):
-                return f"uid {creds.uid} may not search {path} above the mount point"
+            try:
+                if not may(mode, uid, gid, creds, MAY_EXEC):
+                    return f"uid {creds.uid} may not search {path} above the mount point"
+            except UseMount:
+                return f"the mode bits refuse uid {creds.uid} a search of {path} above " \
+                       "the mount point"
         return None
 
     def _token(self, ino: int, generation: int, uid: int) -> str:

@@ -31,6 +31,7 @@ import errno
 import itertools
 import logging
 import os
+import signal
 import socket
 import stat
 import struct
@@ -45,6 +46,7 @@ from .direct import MAX_FDS, SHARED_NAMESPACE, _Line
 log = logging.getLogger(__name__)
 
 KERNEL_TIMEOUT = 30.0  # seconds for telling the kernel (it may write pages back first)
+SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5: the connector's pidfd
 
 
 class _Session:
@@ -115,13 +117,14 @@ class DirectWrite:
         except (KeyError, TypeError, ValueError):
             raise TierfsError("direct_write open needs the number of the client's "
                               "descriptor of the file on the mount") from None
-        pid = _peer_pid(reply.stream.socket)
+        pid, uid = _peer_pid(reply.stream.socket)
         if pid <= 0:  # the kernel could not name it in our pid namespace
             raise TierfsError("the daemon cannot see the writing process (it runs in another "
                               "pid namespace): direct writes need a daemon that shares the "
                               "host's pid namespace (hostPID in Kubernetes)")
         try:
-            access, dev, ino = await trio.to_thread.run_sync(_look_at, pid, fd)
+            access, dev, ino = await trio.to_thread.run_sync(
+                _look_at_peer, reply.stream.socket, pid, uid, fd)
         except FileNotFoundError:
             raise FsError(errno.EBADF, "no such descriptor in the client") from None
         except PermissionError:
@@ -183,10 +186,37 @@ class DirectWrite:
                         "left within %.0fs", ino, KERNEL_TIMEOUT)
 
 
-def _peer_pid(sock) -> int:
-    pid, _uid, _gid = struct.unpack("iII", sock.getsockopt(
+def _peer_pid(sock) -> tuple[int, int]:
+    """(pid, effective uid) of the process that connected, as of its connect."""
+    pid, uid, _gid = struct.unpack("iII", sock.getsockopt(
         socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("iII")))
-    return pid
+    return pid, uid
+
+
+def _look_at_peer(sock, pid: int, uid: int, fd: int) -> tuple[int, int | None, int]:
+    """_look_at() of the process that connected, and of no other: a pid is a number
+    the kernel gives again once its process ended, and the socket may have passed to
+    another process meanwhile. The connector must still live (its pidfd, where the
+    kernel gives one) after the read, and the process read must be of its user."""
+    try:
+        pidfd = sock.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD)
+    except OSError:
+        pidfd = None  # before Linux 6.5: the uid check alone
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            uids = next(line for line in f if line.startswith("Uid:")).split()[1:]
+        if int(uids[1]) != uid:  # effective uid
+            raise FileNotFoundError(f"process {pid} is not the one that connected")
+        out = _look_at(pid, fd)
+        if pidfd is not None:
+            try:
+                signal.pidfd_send_signal(pidfd, 0)
+            except ProcessLookupError:
+                raise FileNotFoundError(f"process {pid} that connected is gone") from None
+        return out
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
 
 
 def _look_at(pid: int, fd: int) -> tuple[int, int | None, int]:

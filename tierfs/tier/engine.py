@@ -953,7 +953,8 @@ class Engine:
         file's size."""
         if sizes is None:
             sizes = {i: self.hot.file_size(ino, i) or 0 for i in self.index.held_indices(ino)}
-        end = max((idx * self.E + n for idx, n in sizes.items() if n), default=0)
+        end = max((idx * self.E + min(n, self.E) for idx, n in sizes.items() if n),
+                  default=0)
         try:
             node = self.meta.get_inode(ino)
         except FsError:
