@@ -108,6 +108,10 @@ class Daemon:
         self.engine = None
         self.lease = None
         self.mounted = False
+        # The final checkpoint (one node) or push of every file (shared) succeeded:
+        # only then is the lease released, so that no other node takes the filesystem
+        # over from an older checkpoint without --force.
+        self.checkpointed = False
         self._registered: str | None = None  # this mount's entry in the registry
         self.guard_process = None  # guard.py: aborts the connection if this daemon is killed
         self.on_cache_dir_locked = lambda: None  # the daemon's log starts here
@@ -316,8 +320,14 @@ class Daemon:
     async def _release_lease(self) -> None:
         """Mark the lease (or shared session) released, within --cold-timeout (a silent
         bucket or database must not keep the daemon from exiting; the lease or session
-        then simply expires)."""
+        then simply expires). Not after a final checkpoint that failed: the bucket's
+        newest checkpoint lacks this node's last changes, which its cache dir holds."""
         lease, self.lease = self.lease, None
+        if not self.checkpointed and not self.state.fenced:
+            log.warning("the final metadata checkpoint did not complete: the lease stays "
+                        "held (it lapses as a dead node's does), so that no other node starts "
+                        "at once from an older checkpoint; mount this cache dir again to finish")
+            return
         with trio.move_on_after(self.cfg.cold_timeout):
             try:
                 await trio.to_thread.run_sync(lease.release, abandon_on_cancel=True)
@@ -356,9 +366,10 @@ class Daemon:
                 self.engine.nursery = nursery
                 nursery.start_soon(self.uploader.run)
                 nursery.start_soon(self._report_flush_progress)
-                await self.uploader.flush(None)
                 try:
+                    await self.uploader.flush(None)
                     await self.checkpointer.checkpoint()
+                    self.checkpointed = True
                     await self.gc.collect()
                 except (ColdStoreError, FsError) as e:  # the bucket, or the database
                     log.warning("final metadata checkpoint failed: %s", e)
@@ -388,7 +399,8 @@ class Daemon:
         """What `tierfs umount` tells the user once this daemon is gone."""
         index = self.engine.index
         report = {"pid": os.getpid(), "dirty_bytes": index.dirty_bytes,
-                  "dirty_extents": len(index.dirty), "fenced_by": self.state.fenced_by}
+                  "dirty_extents": len(index.dirty), "fenced_by": self.state.fenced_by,
+                  "checkpointed": self.checkpointed}
         exit_report.write(self.cfg.cache_dir, report)
 
     async def _announce_ready(self, on_ready) -> None:

@@ -504,3 +504,36 @@ def test_a_write_on_a_full_disk_waits_for_the_trash_to_free_it(tmp_path, monkeyp
             assert await _read(s, ino, 0, E, "the write") == B
 
     run(scenario, timeout=60)
+
+
+def test_gc_keeps_what_the_first_checkpoint_on_its_way_names(tmp_path):
+    """A new filesystem keeps no checkpoint yet. While its first one is being put,
+    an overwrite drops an object that checkpoint names: gc must not delete it, or
+    recovering from that checkpoint would find the object gone."""
+    from tierfs.tier.checkpoint import PREFIX
+
+    async def body():
+        async with _stack(tmp_path) as s:
+            ino = s.create()
+            await s.engine.write(ino, 0, A)
+            await settle(s)
+            first = s.record(ino, 0).obj_id
+            put = s.gate.hold("put", PREFIX)
+            done = trio.Event()
+
+            async def checkpoint():
+                await s.checkpointer.checkpoint()
+                done.set()
+            s.nursery.start_soon(checkpoint)
+            await until(lambda: put.entered == 1, what="the checkpoint's put")
+            await s.engine.write(ino, 0, B)  # drops `first` from the live metadata
+            await settle(s)
+            assert s.record(ino, 0).obj_id != first
+            for _ in range(3):
+                await s.gc.collect()
+            s.memory.get(object_name(first))  # still there: the checkpoint names it
+            put.release()
+            await done.wait()
+            await s.gc.collect()  # kept now: still named by the newest checkpoint
+            s.memory.get(object_name(first))
+    run(body)

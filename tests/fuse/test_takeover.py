@@ -182,6 +182,74 @@ def test_stale_cache_dir_is_refused_after_another_node_wrote(s3m):
     assert read_file(c.path("from-b")) == b_data
 
 
+def test_an_unmount_whose_final_checkpoint_failed_keeps_the_lease(s3m, tmp_path):
+    """The bucket fails after the data is in: the final checkpoint at unmount does not
+    land. `tierfs umount` says so and exits 3, and the lease stays held (to lapse as
+    a dead node's does), so that no node starts at once from the older checkpoint,
+    which lacks the last changes. The same cache dir mounts again and has them."""
+    from tests.fuse.test_outage import set_faults
+    faults = str(tmp_path / "faults.json")
+    set_faults(faults, {})
+    a = s3m("--fault-file", faults, "--unmount-upload-timeout", "5", name="a")
+    a.allowed_log += ["final metadata checkpoint", "lease stays held", "injected outage",
+                      "lease renewal"]
+    write_file(a.path("f"), b"in the bucket")
+    a.cli("sync", a.mountpoint, "--wait", check=True)
+    os.mkdir(a.path("after"))                      # in no checkpoint yet
+    set_faults(faults, {"outage": True})
+    res = a.cli("umount", a.mountpoint)
+    a.pid = None
+    assert res.returncode == 3, (res.returncode, res.stdout, res.stderr)
+    assert "final metadata checkpoint did not reach the bucket" in one_line_error(res)
+    assert not a.mounted
+    set_faults(faults, {})
+    assert lease(a).get("released") is not True
+
+    b = s3m(name="b", start=False)
+    b.allowed_log.append("is mounted read-write by")
+    res = b.cli("mount", b.cold_url, b.mountpoint, "--cache-dir", b.cache_dir,
+                "--extent-size", "1M")
+    assert res.returncode != 0 and not b.mounted
+    assert "--force" in one_line_error(res)
+
+    a.start()
+    assert sorted(os.listdir(a.mountpoint)) == ["after", "f"]
+    a.umount()
+    assert lease(a).get("released") is True
+
+
+def test_a_sync_wait_on_a_mount_taken_over_meanwhile_says_so(s3m, tmp_path):
+    """`sync --wait` waits for uploads that hang; another node takes the filesystem
+    over. Once the old mount notices (its next lease renewal), nothing more uploads
+    from it: the sync fails at once naming the takeover, instead of waiting out its
+    --timeout and calling it a timeout."""
+    import subprocess
+    import sys
+    from tests.fuse.test_outage import set_faults
+    faults = str(tmp_path / "faults.json")
+    set_faults(faults, {})
+    a = s3m("--fault-file", faults, name="a")
+    a.allowed_log += [TAKEN_OVER, "injected", "lease renewal"]
+    write_file(a.path("before"), b"x")
+    a.cli("sync", a.mountpoint, "--wait", check=True)
+    set_faults(faults, {"hang": True, "hang_ops": ["put"]})
+    write_file(a.path("f"), pattern(MiB, 4))
+    sync = subprocess.Popen([sys.executable, "-m", "tierfs", "sync", a.mountpoint, "--wait",
+                             "--timeout", "600"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        b = s3m(name="b", start=False)
+        b.start("--force")
+        out, err = sync.communicate(timeout=90)  # a renews every 20 s
+    finally:
+        if sync.poll() is None:
+            sync.kill()
+            sync.wait()
+        set_faults(faults, {})
+    assert sync.returncode != 0
+    assert "took the filesystem over" in err and "timed out" not in err, err
+
+
 # ---- ids after recovery ------------------------------------------------------------------
 
 def test_new_data_after_recovery_survives_gc_of_the_old_nodes_objects(s3m):

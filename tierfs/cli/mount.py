@@ -253,5 +253,10 @@ def umount(mountpoint: str, timeout: float = 3600.0) -> int:
         raise NotInBucket(f"unmounted {mp}, but {format_size(report['dirty_bytes'])} in "
                           f"{report['dirty_extents']} extents is not in the bucket yet: it is "
                           f"safe in the cache dir and uploads on the next mount of it")
+    if report.get("checkpointed") is False:
+        raise NotInBucket(f"unmounted {mp}, but its final metadata checkpoint did not reach "
+                          f"the bucket: the cache dir holds the last changes; mount it again "
+                          f"on this node (its lease stays held and lapses in a minute, after "
+                          f"which another node starts without them, as after a crash)")
     print(f"unmounted {mp}")
     return 0

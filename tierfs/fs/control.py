@@ -322,7 +322,10 @@ class Control:
     async def _sync_wait(self, inos) -> None:
         await self._check_lease()
         while True:
-            await self.daemon.uploader.flush(inos)
+            try:
+                await self.daemon.uploader.flush(inos)
+            except Fenced:
+                raise TierfsError(self.fenced_message()) from None
             try:
                 await self.daemon.checkpointer.checkpoint()  # the namespace too
                 break

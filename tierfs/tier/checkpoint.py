@@ -78,6 +78,7 @@ class Checkpointer:
         self.interval = interval
         self.keep = max(1, keep)
         self.kept: list[int] = []
+        self._in_flight: int | None = None  # the checkpoint being taken and put
         self._lock = trio.Lock()
         # Blocking check that the filesystem is still this node's (the lease): a
         # node taken over must not put or prune checkpoints the new holder relies on.
@@ -89,7 +90,11 @@ class Checkpointer:
         self._tell_gc()
 
     def _tell_gc(self) -> None:
-        oldest = self.kept[0] if self.kept else None
+        # The checkpoint on its way counts as kept from the moment its epoch begins:
+        # the first of a new filesystem, with nothing kept yet, must not find the
+        # objects it names deleted once it lands.
+        taken = self.kept[:1] + ([self._in_flight] if self._in_flight is not None else [])
+        oldest = min(taken) if taken else None
         # An object dropped in epoch e may be in checkpoints <= e: keep it until
         # every kept checkpoint is newer.
         self.engine.gc_guard = (lambda epoch: oldest is None or epoch < oldest)
@@ -110,25 +115,40 @@ class Checkpointer:
         async with self._lock:
             engine = self.engine
             seq = engine.meta.begin_epoch()
-            t0 = time.monotonic()
-            try:
-                with engine.meta.reading_in_thread():
-                    db = await trio.to_thread.run_sync(snapshot, engine.meta, self.workdir,
-                                                       limiter=engine.io_limiter)
-            finally:
-                engine.meta.copy_taken()
-            blob = await trio.to_thread.run_sync(pack, seq, db)
-            if not await trio.to_thread.run_sync(self.still_ours, abandon_on_cancel=True):
-                raise Fenced("taken over: no more checkpoints from this node")
-            await trio.to_thread.run_sync(engine.cold.put, checkpoint_name(seq), blob,
-                                          limiter=engine.s3_limiter, abandon_on_cancel=True)
-            self.kept.append(seq)
-            old, self.kept = self.kept[:-self.keep], self.kept[-self.keep:]
+            self._in_flight = seq
             self._tell_gc()
-            for s in old:
-                await trio.to_thread.run_sync(engine.cold.delete, checkpoint_name(s),
-                                              limiter=engine.s3_limiter, abandon_on_cancel=True)
-            engine.stats.inc("checkpoints")
-            log.info("metadata checkpoint %d: %d bytes in %.2fs", seq, len(db),
-                     time.monotonic() - t0)
-            return seq
+            try:
+                return await self._take(seq)
+            finally:
+                self._in_flight = None
+                self._tell_gc()
+
+    async def _take(self, seq: int) -> int:
+        """Copy the metadata, put it in the bucket, prune the oldest."""
+        engine = self.engine
+        t0 = time.monotonic()
+        try:
+            with engine.meta.reading_in_thread():
+                db = await trio.to_thread.run_sync(snapshot, engine.meta, self.workdir,
+                                                   limiter=engine.io_limiter)
+        finally:
+            engine.meta.copy_taken()
+        blob = await trio.to_thread.run_sync(pack, seq, db)
+        if not await trio.to_thread.run_sync(self.still_ours, abandon_on_cancel=True):
+            raise Fenced("taken over: no more checkpoints from this node")
+        # The local metadata goes to disk first (LMDB commits without fsync): after
+        # a power cut it must not be older than a checkpoint in the bucket, whose
+        # objects its counters would then hand out again.
+        await trio.to_thread.run_sync(engine.meta.sync, limiter=engine.io_limiter)
+        await trio.to_thread.run_sync(engine.cold.put, checkpoint_name(seq), blob,
+                                      limiter=engine.s3_limiter, abandon_on_cancel=True)
+        self.kept.append(seq)
+        old, self.kept = self.kept[:-self.keep], self.kept[-self.keep:]
+        self._tell_gc()
+        for s in old:
+            await trio.to_thread.run_sync(engine.cold.delete, checkpoint_name(s),
+                                          limiter=engine.s3_limiter, abandon_on_cancel=True)
+        engine.stats.inc("checkpoints")
+        log.info("metadata checkpoint %d: %d bytes in %.2fs", seq, len(db),
+                 time.monotonic() - t0)
+        return seq

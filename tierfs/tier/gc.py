@@ -1,7 +1,8 @@
 """Garbage collector: deletes bucket objects that no committed metadata references.
 
 Objects enter the gc table in the same LMDB transaction that drops their last
-reference, so an object is deleted only after that change is committed.
+reference, so an object is deleted only after that change is committed, and synced
+to disk first.
 """
 from __future__ import annotations
 
@@ -77,6 +78,10 @@ class GarbageCollector:
         def delete_all() -> bool:
             if not self.still_ours():
                 return False  # taken over: the lease check fenced this node
+            if not self.shared:
+                # LMDB commits without fsync: the changes that dropped these objects go
+                # to disk first, or a power cut could bring back records naming them.
+                meta.sync()
             for obj_id in ids:
                 cold.delete(object_name(obj_id))
             return True

@@ -28,11 +28,13 @@ from ..checksum import xxh3
 from ..errors import ColdStoreError, FsError
 from ..meta.schema import DIRTY, Ref, object_name
 from .cache import Key
+from .checkpoint import Fenced
 
 log = logging.getLogger(__name__)
 
 MAX_WAIT_FACTOR = 4
 MAX_BACKOFF_S = 5.0  # between upload rounds while the bucket fails
+PAUSE_CHECK_S = 1.0  # how often a flush looks whether this node was taken over
 PACKS_IN_FLIGHT = 2
 # Uploads handed out ahead of a free slot: per --upload-parallel slot for single
 # extents, in all for packs. The rest of a backlog waits in the index's queue.
@@ -394,7 +396,8 @@ class Uploader:
         self.space.uploaded()
 
     async def flush(self, inos: set[int] | None) -> None:
-        """Upload every dirty extent of `inos` (all if None) now and wait for it."""
+        """Upload every dirty extent of `inos` (all if None) now and wait for it.
+        Raises Fenced once this node may upload nothing more (taken over)."""
         index = self.engine.index
         waiting = None if inos is None else {ino for ino in inos if index.has_dirty(ino)}
         while index.dirty if waiting is None else waiting:
@@ -405,7 +408,10 @@ class Uploader:
                     index.rush_inode(ino)
             if self.failures:
                 self.backoff_until = 0.0
+            if self.paused():
+                raise Fenced("taken over: nothing more uploads from this node")
             self.kick()
-            await self.changed.wait()
+            with trio.move_on_after(PAUSE_CHECK_S):  # a takeover wakes nothing here
+                await self.changed.wait()
             if waiting is not None:
                 waiting = {ino for ino in waiting if index.has_dirty(ino)}
