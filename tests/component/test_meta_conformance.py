@@ -310,6 +310,7 @@ def test_rename_errors(meta):
     assert err(rename, meta, ROOT_INO, b"f", f.ino, b"x") == errno.ENOTDIR
     assert err(rename, meta, ROOT_INO, b"f", ROOT_INO, b"full", NOREPLACE) == errno.EEXIST
     assert err(rename, meta, ROOT_INO, b"f", ROOT_INO, b"none", EXCHANGE) == errno.ENOENT
+    assert err(rename, meta, ROOT_INO, b"f", ROOT_INO, b"w", 4) == errno.EINVAL  # WHITEOUT
     assert sorted(names(meta, ROOT_INO)) == [b"empty", b"f", b"full"]
     assert meta.get_inode(ROOT_INO).nlink == 4 and meta.get_inode(empty.ino).nlink == 2
 

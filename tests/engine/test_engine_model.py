@@ -537,3 +537,64 @@ def test_gc_keeps_what_the_first_checkpoint_on_its_way_names(tmp_path):
             await s.gc.collect()  # kept now: still named by the newest checkpoint
             s.memory.get(object_name(first))
     run(body)
+
+
+@pytest.mark.parametrize("change", ["write", "truncate"])
+def test_a_hot_file_deleted_behind_the_engine_is_fetched_before_a_change(tmp_path, change):
+    """Someone deleted a clean hot extent file in the cache dir. A partial write or a
+    truncate that cuts it must not make it again empty (zeros, dirty, then uploaded
+    over the good object): it is fetched from the bucket first."""
+    async def body():
+        async with _stack(tmp_path) as s:
+            ino = s.create()
+            await s.engine.write(ino, 0, A)
+            await settle(s)
+            s.hot._forget_fd(ino, 0)
+            os.unlink(s.hot.path(ino, 0))
+            if change == "write":
+                await s.engine.write(ino, 10, b"new")
+                want = A[:10] + b"new" + A[13:]
+            else:
+                await s.engine.truncate(ino, E // 2)
+                want = A[:E // 2]
+            await settle(s)
+            s.engine.drop_hot(ino, 0, s.record(ino, 0))
+            assert await _read(s, ino, 0, E, "after the change") == want
+    run(body)
+
+
+def test_a_dirty_hot_file_deleted_behind_the_engine_fails_a_change_with_eio(tmp_path):
+    async def body():
+        async with _stack(tmp_path, upload_delay=3600,
+                          allowed_errors=("hot file missing and not in the bucket",)) as s:
+            ino = s.create()
+            await s.engine.write(ino, 0, A)
+            s.hot._forget_fd(ino, 0)
+            os.unlink(s.hot.path(ino, 0))
+            with pytest.raises(FsError) as e:
+                await s.engine.write(ino, 10, b"new")
+            assert e.value.errno == errno.EIO
+    run(body)
+
+
+def test_a_failed_fsync_gives_its_errno_and_leaks_no_descriptor(tmp_path, monkeypatch):
+    """An extent file's fsync fails (ENOSPC from delayed allocation): fsync() gives
+    ENOSPC, as fsync(2) would, not a logged traceback and EIO, and every descriptor
+    it duplicated is closed."""
+    def full(fd):
+        os.close(fd)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    async def body():
+        async with _stack(tmp_path, upload_delay=3600, cache_size=64 * E) as s:
+            ino = s.create()
+            for i in range(20):
+                await s.engine.write(ino, i * E, A)
+            before = len(os.listdir("/proc/self/fd"))
+            monkeypatch.setattr(s.hot, "fsync_fd", full)
+            with pytest.raises(FsError) as e:
+                await s.engine.fsync(ino)
+            assert e.value.errno == errno.ENOSPC
+            assert len(os.listdir("/proc/self/fd")) <= before  # none left open
+            monkeypatch.undo()
+    run(body)

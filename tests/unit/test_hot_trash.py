@@ -130,3 +130,28 @@ def test_at_most_max_fds_descriptors_wait_in_the_trash(tmp_path, monkeypatch):
     assert store.trash.settle(timeout=60)
     assert store.trash._fds == 0
     assert still_open() == 0
+
+
+def test_a_copy_the_trash_cannot_take_is_unlinked_in_place(tmp_path):
+    """The rename into the trash fails (here across filesystems, EXDEV; on a full disk
+    the trash's directory may need a block): the copy is unlinked where it is, so its
+    place is free and nothing at it can be mistaken for the extent's bytes."""
+    src = tmp_path / "extent"
+    src.write_bytes(b"old bytes")
+    with open(src, "rb") as f:
+        fd = os.dup(f.fileno())
+    elsewhere = trash_module.Trash(os.path.join("/dev/shm", f"tierfs-trash-{os.getpid()}"),
+                                   os.unlink)
+    try:
+        elsewhere.take(str(src), fd)
+        assert not src.exists()
+        assert elsewhere.waiting == 0
+        try:
+            os.fstat(fd)
+        except OSError:
+            pass  # closed, as take() promises
+        else:
+            raise AssertionError("take() left the descriptor open")
+    finally:
+        elsewhere.close()
+        os.rmdir(elsewhere.path)

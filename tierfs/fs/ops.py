@@ -181,16 +181,18 @@ class Operations(pyfuse3.Operations):
         return self._entry(node)
 
     async def forget(self, inode_list):
-        try:
-            for ino, n in inode_list:
+        for ino, n in inode_list:
+            # Each on its own: one purge that fails must not leave the counts of the
+            # rest of the batch standing (those inodes would never be purged).
+            try:
                 left = self.lookups.get(ino, 0) - n
                 if left > 0:
                     self.lookups[ino] = left
                 else:
                     self.lookups.pop(ino, None)
                     await self._maybe_purge(ino)
-        except Exception:
-            log.exception("forget failed")
+            except Exception:
+                log.exception("forget of inode %d failed", ino)
 
     @_guard
     async def getattr(self, inode, ctx):

@@ -224,6 +224,10 @@ class HotStore:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             return os.open(path, flags, 0o600)
 
+    def exists(self, ino: int, idx: int) -> bool:
+        """Whether an extent file is there (or open here: a descriptor keeps it)."""
+        return (ino, idx) in self._fds or os.path.exists(self.path(ino, idx))
+
     def file_size(self, ino: int, idx: int) -> int | None:
         """Bytes in an extent file (a local metadata call); None if it is missing."""
         try:

@@ -70,6 +70,13 @@ class Trash:
             if fd is not None:
                 os.close(fd)
             raise
+        except OSError:
+            # The trash could not take it (a full disk needs a block for the entry, an
+            # I/O error): unlink it here, which needs none. Its place must be free.
+            if fd is not None:
+                os.close(fd)
+            os.unlink(src)
+            return
         self._put(dst, size, fd)
 
     def take_later(self, src: str, size: int, fd: int | None = None) -> None:

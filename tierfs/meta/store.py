@@ -515,6 +515,8 @@ class MetaStore:
                noreplace: int, exchange: int) -> tuple[int | None, bool]:
         """rename(2) with RENAME_NOREPLACE / RENAME_EXCHANGE.
         Returns (ino of a replaced target or None, whether it was purged)."""
+        if flags & ~(noreplace | exchange):
+            raise FsError(errno.EINVAL)  # RENAME_WHITEOUT: no whiteouts here
         self._check_name(new_name)
         if len(old_name) > NAME_MAX:
             raise FsError(errno.ENAMETOOLONG)

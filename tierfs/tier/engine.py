@@ -13,7 +13,6 @@ import os
 import stat
 import time
 from dataclasses import replace
-from functools import partial
 
 import trio
 
@@ -301,13 +300,15 @@ class Engine:
         possibly batched with others. `gone`: the inode is purged, so nothing takes
         the file's place and its removal is left to the trash's thread whole."""
         key = (ino, idx)
-        if gone:
-            self.hot.remove_later(ino, idx, self.index.sizes.get(key, 0))
-        else:
-            self.hot.remove(ino, idx)
-        self.index.remove(key)
-        if key in self._verifying:  # its check is about this copy, not the next one
-            self._copy_let_go.add(key)
+        try:
+            if gone:
+                self.hot.remove_later(ino, idx, self.index.sizes.get(key, 0))
+            else:
+                self.hot.remove(ino, idx)
+        finally:  # whatever the disk says, the index must not keep a copy let go
+            self.index.remove(key)
+            if key in self._verifying:  # its check is about this copy, not the next one
+                self._copy_let_go.add(key)
 
     def drop_hot(self, ino: int, idx: int, ext: Extent) -> None:
         """Drop the hot copy of a clean extent (it stays in the bucket)."""
@@ -431,11 +432,12 @@ class Engine:
         try:
             data, more = await self._get_around(ext, ino, idx, around)
             pending.data = data
+            # Readers sharing this GET have what they need once the bytes are verified,
+            # also when a writer's fetch then waits for room to install them.
+            pending.ready.set()
             if bytes_only and not for_write and self.nursery is not None:
-                # A reader has what it needs once the bytes are verified: the install
-                # of its extent follows in the background (then its neighbours'), so a
-                # reader never waits behind the installs of other extents.
-                pending.ready.set()
+                # The install of a reader's extent follows in the background (then its
+                # neighbours'), so a reader never waits behind the installs of others.
                 try:
                     self.nursery.start_soon(self._install_fetched, ino, idx, ext, pending,
                                             around, more)
@@ -775,12 +777,22 @@ class Engine:
         become the file's (dirty, then uploaded over the good object)."""
         while True:
             ext = self._record(ino, idx)
+            if self._copy_lost(ino, idx, ext):
+                await self._hot_file_lost(ino, idx)  # cold now, if the bucket has it
+                continue
             if ext is None or not self.needs_ready(ino, idx, ext):
                 return
             if not ext.hot:
                 await self.fetch(ino, idx, for_write=True)
                 return
             await self.verify_hot_copy(ino, idx)  # a damaged copy is dropped: fetch it
+
+    def _copy_lost(self, ino: int, idx: int, ext: Extent | None) -> bool:
+        """Whether a hot extent's file vanished behind the daemon's back. Changed in
+        place, it would be made again empty: zeros, dirty, then uploaded over the
+        good object. (A descriptor held here keeps the file: that counts as there.)"""
+        return (ext is not None and ext.hot and (ino, idx) not in self.index.held
+                and not self.hot.exists(ino, idx))
 
     # ---- writes ---------------------------------------------------------------------
     async def write(self, ino: int, off: int, data) -> int:
@@ -858,8 +870,9 @@ class Engine:
         first, last = off // E, (end - 1) // E
         while True:
             node, exts = self.meta.get_extents(ino, first, last)
-            cold = [i for i, x in exts.items() if self.needs_ready(ino, i, x) and
-                    not (off <= i * E and end >= i * E + x.length)]
+            cold = [i for i, x in exts.items()
+                    if (self.needs_ready(ino, i, x) or self._copy_lost(ino, i, x))
+                    and not (off <= i * E and end >= i * E + x.length)]
             if cold:
                 for idx in cold:
                     await self.ensure_hot(ino, idx)
@@ -888,7 +901,8 @@ class Engine:
             node, exts = self.meta.get_extents(ino, 0, (1 << 64) - 1)
             ext = exts.get(cut_idx)
             if (new_size < node.size and new_size % E and ext is not None
-                    and self.needs_ready(ino, cut_idx, ext)):
+                    and (self.needs_ready(ino, cut_idx, ext)
+                         or self._copy_lost(ino, cut_idx, ext))):
                 await self.ensure_hot(ino, cut_idx)  # cut it in place on the hot tier
                 continue
             break
@@ -937,13 +951,33 @@ class Engine:
             keys = [(ino, i) for i in self.index.extents_of(ino) if (ino, i) in dirty]
         # Parallel fsyncs (an NVMe flushes many files at once far faster), in
         # batches so that a big backlog never holds thousands of fds open.
+        failed: list[OSError] = []
+
+        async def fsync_one(fd: int) -> None:
+            started = False
+
+            def run() -> None:
+                nonlocal started
+                started = True
+                self.hot.fsync_fd(fd)  # closes it
+            try:
+                await trio.to_thread.run_sync(run, limiter=self.io_limiter)
+            except OSError as e:  # EIO, or ENOSPC from delayed allocation
+                failed.append(e)
+            except BaseException:
+                if not started:  # cancelled waiting for a thread: the fd is still open
+                    os.close(fd)
+                raise
+
         for start in range(0, len(keys), 256):
             fds = [fd for fd in (self.hot.dup_fd(*k) for k in keys[start:start + 256])
                    if fd is not None]
             async with trio.open_nursery() as nursery:
                 for fd in fds:
-                    nursery.start_soon(partial(trio.to_thread.run_sync, self.hot.fsync_fd, fd,
-                                               limiter=self.io_limiter))
+                    nursery.start_soon(fsync_one, fd)
+            if failed:  # the caller's errno (ENOSPC stays ENOSPC), as fsync(2) gives it
+                raise FsError(failed[0].errno or errno.EIO,
+                              f"hot tier fsync failed: {failed[0]}")
         await trio.to_thread.run_sync(self.meta.sync, limiter=self.io_limiter)
 
     def settle_held(self, ino: int, sizes: dict[int, int] | None = None) -> int:

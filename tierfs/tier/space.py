@@ -154,6 +154,8 @@ class Space:
                 if not self._drop_lru(self.index.total - self.low, True, EVICT_BATCH):
                     break
                 await trio.sleep(0)
+        except Exception:  # a background task: its error must not end the mount
+            log.exception("evicting from the hot tier failed; the next write tries again")
         finally:
             self._evicting = False
 
@@ -165,24 +167,34 @@ class Space:
         skipped = []
         meta = self.engine.meta
         looked = 0
-        while freed < target and self.index.lru and (limit is None or looked < limit):
-            looked += 1
-            key, _ = self.index.lru.popitem(last=False)
-            if spare_busy and key in self.engine.busy:
-                skipped.append(key)
-                continue
-            ino, idx = key
-            _node, exts = meta.get_extents(ino, idx, idx)
-            ext = exts.get(idx)
-            if ext is None or ext.dirty or ext.pinned or not ext.obj_id:
-                continue  # the index was stale; the record is the truth
-            batch[key] = replace(ext, flags=ext.flags & ~HOT)
-            freed += self.index.sizes.get(key, 0)
+        try:
+            while freed < target and self.index.lru and (limit is None or looked < limit):
+                looked += 1
+                key, _ = self.index.lru.popitem(last=False)
+                if spare_busy and key in self.engine.busy:
+                    skipped.append(key)
+                    continue
+                ino, idx = key
+                _node, exts = meta.get_extents(ino, idx, idx)
+                ext = exts.get(idx)
+                if ext is None or ext.dirty or ext.pinned or not ext.obj_id:
+                    continue  # the index was stale; the record is the truth
+                batch[key] = replace(ext, flags=ext.flags & ~HOT)
+                freed += self.index.sizes.get(key, 0)
+            if batch:
+                # The records first (no await until the files are gone): a failed commit
+                # (a full disk under LMDB) then leaves every copy in place and counted.
+                meta.update(None, batch)
+        except BaseException:
+            for key in batch:
+                self.index.lru[key] = None
+            raise
+        finally:
+            for key in skipped:
+                self.index.lru[key] = None
+        for ino, idx in batch:
             self.engine.forget_hot(ino, idx)
-        for key in skipped:
-            self.index.lru[key] = None
         if batch:
-            meta.update(None, batch)
             self.engine.stats.inc("evictions", len(batch))
             self._free_cache = (0.0, 0)
         return freed
