@@ -598,3 +598,32 @@ def test_a_failed_fsync_gives_its_errno_and_leaks_no_descriptor(tmp_path, monkey
             assert len(os.listdir("/proc/self/fd")) <= before  # none left open
             monkeypatch.undo()
     run(body)
+
+
+def test_a_write_that_fails_on_its_second_extent_keeps_records_and_index_agreed(
+        tmp_path, monkeypatch):
+    """A write over a cold extent and into the next fails there (its file cannot be
+    made: a full disk). The first extent's new bytes landed and are in the index; its
+    record must say so too, or the next partial write of it would fetch the old copy
+    and see the install declined, over and over."""
+    async def body():
+        async with _stack(tmp_path) as s:
+            ino = s.create()
+            await s.engine.write(ino, 0, A)
+            await settle(s)
+            s.engine.drop_hot(ino, 0, s.record(ino, 0))  # cold now
+            real_fd = s.hot._fd
+
+            def full_for_extent_1(i, idx, create):
+                if idx == 1:
+                    raise OSError(errno.ENOSPC, "No space left on device")
+                return real_fd(i, idx, create)
+            monkeypatch.setattr(s.hot, "_fd", full_for_extent_1)
+            with pytest.raises(FsError) as e:
+                await s.engine.write(ino, 0, B + b"xx")
+            assert e.value.errno == errno.ENOSPC
+            monkeypatch.undo()
+            assert s.record(ino, 0).dirty
+            await s.engine.write(ino, 5, b"zz")
+            assert await _read(s, ino, 0, E, "after") == B[:5] + b"zz" + B[7:]
+    run(body, timeout=20)

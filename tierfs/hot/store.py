@@ -200,8 +200,8 @@ class HotStore:
             os.close(fd)
 
     def pwrite(self, ino: int, idx: int, offset: int, data: bytes) -> None:
-        fd = self._fd(ino, idx, True)
         try:
+            fd = self._fd(ino, idx, True)  # a new extent's file: ENOSPC, EMFILE...
             written = os.pwrite(fd, data, offset)
         except OSError as e:
             raise FsError(e.errno or errno.EIO, f"hot tier write failed: {e}") from None

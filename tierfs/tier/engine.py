@@ -815,20 +815,29 @@ class Engine:
         filled = []
         pos = off
         t = time.time_ns()
-        while pos < end:
-            idx = pos // E
-            start = idx * E
-            n = min(end, start + E) - pos
-            self.hot.pwrite(ino, idx, pos - start, view[pos - off:pos - off + n])
-            ext = exts.get(idx)
-            if ext is None:
-                changed[(ino, idx)] = Extent(flags=HOT | DIRTY)
-            elif not (ext.hot and ext.dirty):
-                changed[(ino, idx)] = replace(ext, flags=ext.flags | HOT | DIRTY)
-            self.index.written((ino, idx), pos - start + n)
-            if pos - start + n == E:
-                filled.append(idx)
-            pos += n
+        try:
+            while pos < end:
+                idx = pos // E
+                start = idx * E
+                n = min(end, start + E) - pos
+                self.hot.pwrite(ino, idx, pos - start, view[pos - off:pos - off + n])
+                ext = exts.get(idx)
+                if ext is None:
+                    changed[(ino, idx)] = Extent(flags=HOT | DIRTY)
+                elif not (ext.hot and ext.dirty):
+                    changed[(ino, idx)] = replace(ext, flags=ext.flags | HOT | DIRTY)
+                self.index.written((ino, idx), pos - start + n)
+                if pos - start + n == E:
+                    filled.append(idx)
+                pos += n
+        except BaseException:
+            # An extent after the first failed (a full disk): those written are the
+            # file's now, in the index already; their records must say so too, or a
+            # later write would wait for a fetch the index declines forever.
+            if changed:
+                node.size = max(node.size, pos)
+                self.meta.update(node, changed)
+            raise
         if end > node.size:
             node.size = end
         if node.mode & (stat.S_ISUID | stat.S_ISGID):
