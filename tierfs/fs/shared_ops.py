@@ -41,17 +41,30 @@ class SharedOperations(Operations):
         self._files = 0  # the namespace's file count as last counted (statfs)
         self._counted: trio.Event | None = None  # set when the count asked for is in
         self.changes = RecentChanges()  # the change feed's, told by the runtime
+        # (size, mtime) of each inode as last answered to the kernel for it to cache:
+        # an open that pulled those very attributes need not have the kernel drop them.
+        self.answered: dict[int, tuple[int, int]] = {}
 
     def _answer(self, seq: int, entry: pyfuse3.EntryAttributes,
-                name: tuple[int, bytes] | None = None) -> pyfuse3.EntryAttributes:
+                name: tuple[int, bytes] | None = None, note: bool = True
+                ) -> pyfuse3.EntryAttributes:
         """Count an entry as looked up, then, if the change feed named it since `seq`
         (taken before the database read), let the kernel cache none of it: that
         notification's invalidation found nothing in the kernel to drop. Counted
-        first, so a notification after this check finds the inode and invalidates."""
+        first, so a notification after this check finds the inode and invalidates.
+        `note`: the answer surely reaches the kernel (see `answered`)."""
         self._looked_up(entry.st_ino)
         if self.changes.since(seq, entry.st_ino, name):
             entry.entry_timeout = entry.attr_timeout = 0
+            self.answered.pop(entry.st_ino, None)
+        elif note:
+            self._note_answer(entry)
+        else:
+            self.answered.pop(entry.st_ino, None)
         return entry
+
+    def _note_answer(self, entry: pyfuse3.EntryAttributes) -> None:
+        self.answered[entry.st_ino] = (entry.st_size, entry.st_mtime_ns)
 
     # ---- attributes ---------------------------------------------------------------
     def _shared_entry(self, found) -> pyfuse3.EntryAttributes:
@@ -68,11 +81,14 @@ class SharedOperations(Operations):
 
     @_guard
     async def getattr(self, inode, ctx):
-        return self._shared_entry(await self.call(self.ns.attrs, inode, self.engine.E))
+        entry = self._shared_entry(await self.call(self.ns.attrs, inode, self.engine.E))
+        self._note_answer(entry)
+        return entry
 
     @_guard
     async def setattr(self, inode, attr, fields, fh, ctx):
         self.state.check_writable()
+        self.answered.pop(inode, None)  # the kernel takes what this answers, or not
         if fields.update_size:
             node = await self.call(self.ns.get_inode, inode)
             if stat.S_ISDIR(node.mode):
@@ -163,6 +179,7 @@ class SharedOperations(Operations):
     async def _maybe_purge(self, ino: int) -> None:
         if not self._in_use(ino):  # the kernel let go: it caches nothing of it
             self.view.kernel_told(ino)
+            self.answered.pop(ino, None)
         if ino in self.maybe_orphans and not self._in_use(ino):
             self.maybe_orphans.discard(ino)
             try:
@@ -196,9 +213,14 @@ class SharedOperations(Operations):
             await self.view.push(inode)
         else:
             self.engine.opened(inode)
-        if changed:  # another node changed it: the kernel's size and times are old
+        if changed:  # another node changed it: the kernel's size and times may be old
             self.view.kernel_told(inode)  # before: a pull meanwhile marks it again
-            await trio.to_thread.run_sync(self._invalidate_attrs, inode)
+            node = self.meta.get_inode(inode)
+            if self.answered.get(inode) != (node.size, node.mtime_ns):
+                # Not what the kernel was last told (a lookup before the writer's
+                # close): they go. A lookup just before this open told it these.
+                self.answered.pop(inode, None)
+                await trio.to_thread.run_sync(self._invalidate_attrs, inode)
         return pyfuse3.FileInfo(fh=self._new_fh(inode, flags), keep_cache=not changed)
 
     @staticmethod
@@ -264,7 +286,7 @@ class SharedOperations(Operations):
                 return
             for cookie, name, found in batch:
                 # Counted before the reply: the kernel holds the entry once it is in.
-                entry = self._answer(seq, self._shared_entry(found), (ino, name))
+                entry = self._answer(seq, self._shared_entry(found), (ino, name), False)
                 if not pyfuse3.readdir_reply(token, name, entry, cookie):
                     self.lookups[entry.st_ino] -= 1  # not sent: the kernel never had it
                     if not self.lookups[entry.st_ino]:
