@@ -141,26 +141,35 @@ def test_names_seen_across_nodes(nodes):
     assert read_file(b.path("top2")) == b"t"
 
 
+def at_once(fn) -> list:
+    """fn(i) for every node i, each in a thread of its own, started together: what each
+    returned, or the OSError it raised."""
+    start = threading.Barrier(NODES)
+    results: list = [None] * NODES
+
+    def run(i):
+        start.wait()
+        try:
+            results[i] = fn(i)
+        except OSError as e:
+            results[i] = e
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(NODES)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results
+
+
 def test_one_create_wins(nodes):
     """Three nodes create one name at once with O_EXCL: one wins, two get EEXIST."""
     for round_ in range(5):
-        start = threading.Barrier(NODES)
-        results = [None] * NODES
-
         def create(i):
-            start.wait()
-            try:
-                fd = os.open(nodes[i].path(f"race{round_}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-                os.write(fd, f"node{i}".encode())
-                os.close(fd)
-                results[i] = "ok"
-            except OSError as e:
-                results[i] = e.errno
-        threads = [threading.Thread(target=create, args=(i,)) for i in range(NODES)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+            fd = os.open(nodes[i].path(f"race{round_}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            os.write(fd, f"node{i}".encode())
+            os.close(fd)
+            return "ok"
+        results = [r.errno if isinstance(r, OSError) else r for r in at_once(create)]
         assert sorted(results, key=str) == sorted(["ok", errno.EEXIST, errno.EEXIST], key=str)
         winner = results.index("ok")
         for m in nodes:
@@ -171,24 +180,13 @@ def test_creates_without_o_excl_all_open_the_one_file(nodes):
     """Three nodes open one new name with O_CREAT but not O_EXCL at once, as ranks
     opening one log do: every open succeeds (POSIX), on the one file there is."""
     for round_ in range(8):
-        start = threading.Barrier(NODES)
-        results = [None] * NODES
-
-        def create(i):
-            start.wait()
+        def open_it(i):
+            fd = os.open(nodes[i].path(f"log{round_}"), os.O_CREAT | os.O_WRONLY)
             try:
-                fd = os.open(nodes[i].path(f"log{round_}"), os.O_CREAT | os.O_WRONLY)
-                try:
-                    results[i] = os.fstat(fd).st_ino
-                finally:
-                    os.close(fd)
-            except OSError as e:
-                results[i] = e
-        threads = [threading.Thread(target=create, args=(i,)) for i in range(NODES)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+                return os.fstat(fd).st_ino
+            finally:
+                os.close(fd)
+        results = at_once(open_it)
         assert len(set(results)) == 1 and isinstance(results[0], int), results
 
 
