@@ -86,6 +86,23 @@ def test_write_sync_release_read_back(s3m):
     wait_until(hot_again, 30, "the extents read to be hot again")
 
 
+def test_the_state_xattr_of_a_file_of_many_extents_fits_the_kernel(mount_factory):
+    """The kernel takes no xattr value above 64 KiB (E2BIG): for a file of 1,500
+    extents `user.tierfs.state` gives its totals and says where the list is."""
+    m = mount_factory(args=("--extent-size", "64K"))
+    fd = os.open(m.path("f"), os.O_WRONLY | os.O_CREAT)
+    try:
+        for i in range(1500):
+            os.pwrite(fd, b"x", i * 64 * 1024)
+    finally:
+        os.close(fd)
+    state = json.loads(os.getxattr(m.path("f"), "user.tierfs.state"))
+    assert state["size"] == 1499 * 64 * 1024 + 1
+    assert state["extents_omitted"] == 1500 and "extents" not in state
+    assert "tierfs status" in state["extents_hint"]
+    assert len(status(m, m.path("f"))["file"]["extents"]) == 1500
+
+
 def test_small_hot_tier_holds_much_more_data(s3m):
     """A 32 MiB hot tier takes 256 MiB: writers wait for uploads, reads fetch back."""
     m = s3m("--cache-size", "32M", "--min-free", "0")

@@ -39,6 +39,7 @@ MAX_REQUEST = 8 << 20
 # on an error of accept(): a flood of connections costs the socket, not the mount.
 MAX_CONNECTIONS = 4096
 ACCEPT_RETRY_S = 0.1
+XATTR_SIZE_MAX = 65536  # the kernel's limit on one xattr value
 # Files a quick action on many (release_many, unpin_many) handles between two turns
 # of the event loop: a few milliseconds of work.
 EACH_PASS = 64
@@ -174,7 +175,15 @@ class Control:
         if name == CONTROL_XATTR:
             return json.dumps(self.info()).encode()
         if name == STATE_XATTR:
-            return json.dumps(self.file_state(ino), sort_keys=True).encode()
+            state = self.file_state(ino)
+            raw = json.dumps(state, sort_keys=True).encode()
+            if len(raw) > XATTR_SIZE_MAX:
+                # The kernel takes no larger value (E2BIG): the totals, and where the
+                # list of extents is to be had.
+                state["extents_omitted"] = len(state.pop("extents"))
+                state["extents_hint"] = "tierfs status PATH --json lists them"
+                raw = json.dumps(state, sort_keys=True).encode()
+            return raw
         return None
 
     def file_state(self, ino: int) -> dict:
