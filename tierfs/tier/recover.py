@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from dataclasses import dataclass, field, replace
 
 from ..errors import UserError
@@ -68,14 +69,40 @@ def fetch_newest_checkpoint(cold) -> tuple[int, bytes, list[int]]:
 
 def recover(cold, meta_dir: str) -> tuple[MetaStore, RecoveryReport]:
     """Install the newest checkpoint as the LMDB environment in `meta_dir` (which
-    must hold none) and make it consistent for this node (no hot data)."""
+    must hold none) and make it consistent for this node (no hot data). It is built
+    in a directory of its own and renamed into place once whole: a recovery killed
+    halfway leaves no metadata that a next mount would take as recovered."""
     seq, db, skipped = fetch_newest_checkpoint(cold)
-    os.makedirs(meta_dir, exist_ok=True)
-    with open(os.path.join(meta_dir, "data.mdb"), "wb") as f:
+    building = meta_dir + ".recovering"
+    shutil.rmtree(building, ignore_errors=True)  # what a killed recovery left
+    os.makedirs(building)
+    with open(os.path.join(building, "data.mdb"), "wb") as f:
         f.write(db)
         f.flush()
         os.fsync(f.fileno())
-    meta = MetaStore(meta_dir)
+    meta = MetaStore(building)
+    try:
+        report = _make_consistent(cold, meta, seq, skipped)
+    finally:
+        meta.close()
+    shutil.rmtree(meta_dir, ignore_errors=True)  # no data.mdb in it (the caller checked)
+    os.rename(building, meta_dir)
+    _fsync_dir(os.path.dirname(meta_dir) or ".")
+    return MetaStore(meta_dir), report
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _make_consistent(cold, meta: MetaStore, seq: int, skipped: list) -> RecoveryReport:
+    """Clear what only the dead node had (hot, dirty), purge its orphans, send the
+    objects it uploaded after the checkpoint to gc, and move the counters past
+    anything it may have used."""
     report = RecoveryReport(checkpoint=seq, skipped_checkpoints=skipped)
     lost, reverted, fixes, gc_ids = set(), set(), {}, []
     for ino, idx, ext in scan.extents(meta):
@@ -114,4 +141,4 @@ def recover(cold, meta_dir: str) -> tuple[MetaStore, RecoveryReport]:
     report.lost = sorted(names.get(i, f"<inode {i}>") for i in lost)
     report.reverted = sorted(names.get(i, f"<inode {i}>") for i in reverted - lost)
     report.stray_objects = len(gc_ids)
-    return meta, report
+    return report
