@@ -47,7 +47,7 @@ class FileStore:
             finally:
                 os.close(fd)
             os.replace(tmp, path)
-            _fsync_dir(directory)  # make the rename itself durable
+            fsync_dir(directory)  # make the rename itself durable
         except OSError as e:
             _unlink_quietly(tmp)
             raise self._error("put", key, e) from e
@@ -183,7 +183,7 @@ class FileStore:
         return f"file://{self.root}"
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)

@@ -180,16 +180,21 @@ class Operations(pyfuse3.Operations):
         self._looked_up(ino)
         return self._entry(node)
 
+    def _unlooked(self, ino: int, n: int = 1) -> bool:
+        """Take back n lookups of an inode; whether the kernel holds it no more."""
+        left = self.lookups.get(ino, 0) - n
+        if left > 0:
+            self.lookups[ino] = left
+            return False
+        self.lookups.pop(ino, None)
+        return True
+
     async def forget(self, inode_list):
         for ino, n in inode_list:
             # Each on its own: one purge that fails must not leave the counts of the
             # rest of the batch standing (those inodes would never be purged).
             try:
-                left = self.lookups.get(ino, 0) - n
-                if left > 0:
-                    self.lookups[ino] = left
-                else:
-                    self.lookups.pop(ino, None)
+                if self._unlooked(ino, n):
                     await self._maybe_purge(ino)
             except Exception:
                 log.exception("forget of inode %d failed", ino)

@@ -177,10 +177,11 @@ class SharedOperations(Operations):
             self._in_use, pyfuse3.RENAME_NOREPLACE, pyfuse3.RENAME_EXCHANGE))
 
     async def _maybe_purge(self, ino: int) -> None:
-        if not self._in_use(ino):  # the kernel let go: it caches nothing of it
-            self.view.kernel_told(ino)
-            self.answered.pop(ino, None)
-        if ino in self.maybe_orphans and not self._in_use(ino):
+        if self._in_use(ino):
+            return
+        self.view.kernel_told(ino)  # the kernel let go: it caches nothing of it
+        self.answered.pop(ino, None)
+        if ino in self.maybe_orphans:
             self.maybe_orphans.discard(ino)
             try:
                 if await self.call(self.ns.purge_orphan, ino):
@@ -288,9 +289,7 @@ class SharedOperations(Operations):
                 # Counted before the reply: the kernel holds the entry once it is in.
                 entry = self._answer(seq, self._shared_entry(found), (ino, name), False)
                 if not pyfuse3.readdir_reply(token, name, entry, cookie):
-                    self.lookups[entry.st_ino] -= 1  # not sent: the kernel never had it
-                    if not self.lookups[entry.st_ino]:
-                        del self.lookups[entry.st_ino]
+                    self._unlooked(entry.st_ino)  # not sent: the kernel never had it
                     return
                 after = cookie
 

@@ -787,6 +787,10 @@ class Engine:
                 return
             await self.verify_hot_copy(ino, idx)  # a damaged copy is dropped: fetch it
 
+    def _before_change(self, ino: int, idx: int, ext: Extent) -> bool:
+        """Whether an extent needs ensure_hot() before part of it changes in place."""
+        return self.needs_ready(ino, idx, ext) or self._copy_lost(ino, idx, ext)
+
     def _copy_lost(self, ino: int, idx: int, ext: Extent | None) -> bool:
         """Whether a hot extent's file vanished behind the daemon's back. Changed in
         place, it would be made again empty: zeros, dirty, then uploaded over the
@@ -879,8 +883,7 @@ class Engine:
         first, last = off // E, (end - 1) // E
         while True:
             node, exts = self.meta.get_extents(ino, first, last)
-            cold = [i for i, x in exts.items()
-                    if (self.needs_ready(ino, i, x) or self._copy_lost(ino, i, x))
+            cold = [i for i, x in exts.items() if self._before_change(ino, i, x)
                     and not (off <= i * E and end >= i * E + x.length)]
             if cold:
                 for idx in cold:
@@ -910,8 +913,7 @@ class Engine:
             node, exts = self.meta.get_extents(ino, 0, (1 << 64) - 1)
             ext = exts.get(cut_idx)
             if (new_size < node.size and new_size % E and ext is not None
-                    and (self.needs_ready(ino, cut_idx, ext)
-                         or self._copy_lost(ino, cut_idx, ext))):
+                    and self._before_change(ino, cut_idx, ext)):
                 await self.ensure_hot(ino, cut_idx)  # cut it in place on the hot tier
                 continue
             break

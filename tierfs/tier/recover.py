@@ -13,6 +13,7 @@ import os
 import shutil
 from dataclasses import dataclass, field, replace
 
+from ..cold.file import fsync_dir
 from ..errors import UserError
 from ..meta import MetaStore, scan
 from ..meta.schema import DIRTY, HOT, object_name
@@ -87,16 +88,8 @@ def recover(cold, meta_dir: str) -> tuple[MetaStore, RecoveryReport]:
         meta.close()
     shutil.rmtree(meta_dir, ignore_errors=True)  # no data.mdb in it (the caller checked)
     os.rename(building, meta_dir)
-    _fsync_dir(os.path.dirname(meta_dir) or ".")
+    fsync_dir(os.path.dirname(meta_dir) or ".")
     return MetaStore(meta_dir), report
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _make_consistent(cold, meta: MetaStore, seq: int, skipped: list) -> RecoveryReport:
