@@ -357,3 +357,32 @@ def test_a_flood_of_control_connections_costs_the_socket_not_the_mount(mount_fac
     wait_until(lambda: m.cli("status", m.mountpoint).returncode == 0, 30,
                "the control socket to answer again")
     assert "connections are open; closing new ones" in m.log()
+
+
+@pytest.mark.parametrize("command", ["fsck", "recover"])
+def test_an_offline_command_whose_bucket_fails_it_says_so_in_one_line(mount_factory, tmp_path,
+                                                                      command):
+    """The offline commands pass the bucket's check, then a read fails for good (here
+    each object they read is a symbolic link to itself): one line naming the bucket's
+    error, exit 1, no traceback."""
+    m = mount_factory()
+    with open(m.path("f"), "wb") as f:
+        f.write(b"x" * 4096)
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    m.umount()
+    bucket = m.cold_url[len("file://"):]
+    # fsck --verify-data reads the file's object; recover reads the checkpoints.
+    prefix = "data" if command == "fsck" else "meta"
+    found = []
+    for root, _dirs, files in os.walk(os.path.join(bucket, prefix)):
+        for name in files:
+            path = os.path.join(root, name)
+            os.unlink(path)
+            os.symlink(name, path)
+            found.append(path)
+    assert found, f"no {prefix} objects in {bucket}"
+    if command == "fsck":
+        res = m.cli("fsck", m.cold_url, "--cache-dir", m.cache_dir, "--verify-data")
+    else:
+        res = m.cli("recover", m.cold_url, "--cache-dir", str(tmp_path / "new-cache"))
+    assert_clean_error(res, "Too many levels of symbolic links")

@@ -9,7 +9,7 @@ import sys
 from .. import __version__
 from ..config import OPTIONS, MountConfig, build_config, default, format_size
 from ..mountpoint import DEAD_MOUNT
-from ..errors import EXIT_NOT_IN_BUCKET, NotInBucket, UserError
+from ..errors import EXIT_NOT_IN_BUCKET, ColdStoreError, NotInBucket, UserError
 from . import dumpload, offline, status, tiering
 
 
@@ -166,6 +166,10 @@ def _run(argv: list[str]) -> int:
         return EXIT_NOT_IN_BUCKET
     except UserError as e:
         print(f"tierfs: {e}", file=sys.stderr)
+        return 1
+    except ColdStoreError as e:  # the bucket failed past its retries (offline commands)
+        print(f"tierfs: {e}: check that the bucket answers and its objects are readable, "
+              f"then run the command again", file=sys.stderr)
         return 1
     except BrokenPipeError:
         raise
