@@ -64,14 +64,18 @@ class _Fetch:
     (`ext`) wait for it and share its bytes; one that sees a newer record (the extent
     was rewritten, uploaded and evicted during the GET) fetches that on its own.
     `ready`: the bytes are verified (or the GET failed: data None); `done`: installed on
-    the hot tier, or given up. Readers need only `ready`; writers wait for `done`."""
-    __slots__ = ("ready", "done", "data", "ext")
+    the hot tier, or given up. Readers need only `ready`; writers wait for `done`.
+    `failed`: the error the GET ended with, which those that waited for it get too (a
+    GET of their own would make the last of n readers of a silent bucket wait n
+    --cold-timeouts)."""
+    __slots__ = ("ready", "done", "data", "ext", "failed")
 
     def __init__(self, ext: Extent):
         self.ready = trio.Event()
         self.done = trio.Event()
         self.data: bytes | None = None
         self.ext = ext
+        self.failed: FsError | None = None
 
     def finish(self) -> None:
         self.ready.set()
@@ -417,6 +421,8 @@ class Engine:
             await pending.done.wait()
             if pending.data is not None and not for_write:
                 return pending.data  # installed, or declined by the cache policy
+            if pending.failed is not None and self._record(ino, idx) == ext:
+                raise FsError(pending.failed.errno, str(pending.failed))
         shared = pending is None  # readers of this version may wait for this GET
         pending = _Fetch(ext)
         if shared:
@@ -430,7 +436,11 @@ class Engine:
         self._neighbour_bytes += sum(nx.obj_len for _k, nx, _p in around)
         more = []
         try:
-            data, more = await self._get_around(ext, ino, idx, around)
+            try:
+                data, more = await self._get_around(ext, ino, idx, around)
+            except FsError as e:
+                pending.failed = e
+                raise
             pending.data = data
             # Readers sharing this GET have what they need once the bytes are verified,
             # also when a writer's fetch then waits for room to install them.
