@@ -7,7 +7,9 @@ import json
 import logging
 
 import pytest
+import trio
 
+from tierfs.cold.faulty import FaultyStore
 from tierfs.cold.memory import MemoryStore
 from tierfs.cold.retry import RetryingStore
 from tierfs.errors import ColdStoreError, ConditionalWritesUnsupported, UserError
@@ -144,3 +146,59 @@ def test_a_damaged_lease_is_free_to_every_check_and_replaced(tmp_path, caplog, d
     b.acquire()
     b.abandon()  # a refused mount: what was there goes back (nothing valid: deleted)
     assert LEASE_KEY not in bucket.list("")
+
+
+class Answered:
+    """Counts the reads of the lease that came back (answered, failed or given up)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.returned = 0
+
+    def get_versioned(self, key):
+        try:
+            return self.inner.get_versioned(key)
+        finally:
+            self.returned += 1
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_unmount_does_not_wait_for_a_renewal_the_bucket_never_answers(tmp_path):
+    """A bucket that accepts and never answers holds a renewal in its worker thread
+    (up to the socket timeouts and retries, minutes): cancelling the lease task at
+    unmount leaves that thread behind instead of keeping the daemon from exiting."""
+    silent = FaultyStore(MemoryStore())
+    silent.hang_limit_s = 10.0  # a bound for the test only: the call then returns
+    answered = Answered(silent)
+    lease = Lease(RetryingStore(answered, timeout=1.0), str(tmp_path), "/mnt/a", ttl=0.3)
+    assert lease.acquire() is None
+    reads, answers = silent.calls.get("get", 0), answered.returned
+
+    async def unmount_during_a_renewal():
+        silent.hang = True
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lease.run)
+            while silent.calls.get("get", 0) == reads:  # the renewal's read is in flight
+                await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+        return answered.returned - answers
+
+    try:
+        returned = trio.run(unmount_during_a_renewal)
+    finally:
+        silent.hang = False  # the thread left behind ends
+    assert returned == 0, "the lease task waited for the silent bucket to answer"
+
+
+def test_a_renewal_left_behind_at_unmount_does_not_undo_the_release(tmp_path):
+    """The renewal an unmount left in its thread may get its answer after the lease
+    was released: it must not write a live lease over the released one, which would
+    keep other nodes out for a whole ttl."""
+    bucket = MemoryStore()
+    lease = node(bucket, tmp_path, "a")
+    assert lease.acquire() is None
+    lease.release()
+    assert lease.renew() is False
+    assert json.loads(bucket.get(LEASE_KEY)).get("released") is True

@@ -63,6 +63,7 @@ class Lease:
         self.state = state or NodeState()
         self.previous: dict | None = None  # the lease found at acquire (maybe released)
         self._plain_writes = False  # the store refused a conditional write once
+        self.released = False  # by release(): renew() writes nothing any more
 
     @property
     def fenced(self) -> bool:
@@ -169,8 +170,8 @@ class Lease:
         """Write the lease renewed in place of the version read (blocking); fence this
         node if another one holds it, or wrote it between that read and this write."""
         for _try in range(TRIES):
-            if self.fenced:
-                return False
+            if self.fenced or self.released:
+                return False  # released: a renewal left behind at unmount writes nothing
             cur, version = self._read_versioned()
             if self._fenced_by(cur):
                 return False
@@ -185,7 +186,9 @@ class Lease:
         while not self.fenced:
             await trio.sleep(self.ttl / 3)
             try:
-                await trio.to_thread.run_sync(self.renew)
+                # Abandoned if cancelled (unmount): a bucket that never answers must not
+                # keep the daemon from exiting; the lease then simply lapses.
+                await trio.to_thread.run_sync(self.renew, abandon_on_cancel=True)
             except ColdStoreError as e:
                 log.warning("lease renewal failed (%s); will retry", e)
 
@@ -210,6 +213,7 @@ class Lease:
 
     def release(self) -> None:
         """Mark the lease released (kept as the record of the last writer)."""
+        self.released = True
         if self.fenced:
             return
         try:
