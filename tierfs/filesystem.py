@@ -31,6 +31,14 @@ def open_cold(cfg, stats=None):
     return RetryingStore(store, timeout=cfg.cold_timeout, stats=stats)
 
 
+def bucket_failed_the_mount(cold_url: str, e: Exception) -> UserError:
+    """The bucket passed the mount's check, then failed the requests that read the
+    filesystem (an outage, throttling that outlasted the retries): one line for the
+    user, not an internal error."""
+    return UserError(f"{cold_url} failed while the mount read the filesystem ({e}): "
+                     f"check that the bucket answers, then mount again")
+
+
 def read_superblock(cold) -> Superblock | None:
     """The filesystem's superblock, None for an empty location; refuses others."""
     try:

@@ -18,7 +18,7 @@ import trio
 from . import exit_report, guard, registry, sdnotify
 from .config import MountConfig
 from .errors import ColdStoreError, FsError, UserError
-from .filesystem import attach, attach_shared, open_cold
+from .filesystem import attach, attach_shared, bucket_failed_the_mount, open_cold
 from .fs import request_wait
 from .fs.control import Control
 from .fs.ops import Operations
@@ -134,6 +134,14 @@ class Daemon:
 
     def prepare(self) -> None:
         """Everything that can fail with a user error, before mounting."""
+        try:
+            self._prepare()
+        except ColdStoreError as e:
+            if isinstance(e, UserError):  # misconfigured: says what to fix already
+                raise
+            raise bucket_failed_the_mount(self.cfg.cold_url, e) from None
+
+    def _prepare(self) -> None:
         cfg = self.cfg
         # The hot tier caches up to 2048 extent fds; allow that many and more.
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

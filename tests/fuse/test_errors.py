@@ -386,3 +386,23 @@ def test_an_offline_command_whose_bucket_fails_it_says_so_in_one_line(mount_fact
     else:
         res = m.cli("recover", m.cold_url, "--cache-dir", str(tmp_path / "new-cache"))
     assert_clean_error(res, "Too many levels of symbolic links")
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["new", "existing"])
+def test_a_bucket_failing_after_its_check_refuses_the_mount_in_one_line(tmp_path, existing):
+    """The bucket answers the mount's check, then fails every request (an outage, or
+    throttling that outlasts the retries) while the mount reads its superblock and
+    lease: one line saying so and what to do, exit 1, no traceback in the log."""
+    (tmp_path / "mnt").mkdir()
+    faults = tmp_path / "faults.json"
+    faults.write_text("{}")
+    args = [*mount_args(tmp_path), "--fault-file", str(faults), "--cold-timeout", "1"]
+    if existing:
+        assert run_cli(*args).returncode == 0
+        assert run_cli("umount", str(tmp_path / "mnt")).returncode == 0
+    faults.write_text(json.dumps({"outage": True}))
+    res = run_cli(*args)
+    assert_clean_error(res, "injected outage", "then mount again")
+    assert "internal error" not in res.stderr
+    log = (tmp_path / "cache" / "tierfs.log").read_text()
+    assert "Traceback" not in log, log
