@@ -54,3 +54,28 @@ def test_a_recovery_that_fails_halfway_leaves_no_metadata_behind(tmp_path):
         assert not os.path.exists(meta_dir(str(cache)) + ".recovering")
     finally:
         meta.close()
+
+
+@pytest.mark.parametrize("damage", [(b'"size"', b'"sizf"'), (b'{"seq"', b'null\n')],
+                         ids=["key flipped", "header not an object"])
+def test_a_checkpoint_whose_header_is_damaged_but_parses_is_skipped(tmp_path, damage):
+    """A damaged header that is still valid JSON (one flipped byte in a key) is a
+    damaged checkpoint like any other: recovery takes the one before it, instead of
+    failing the mount with an internal error."""
+    cold = MemoryStore()
+    old = MetaStore(str(tmp_path / "old"))
+    old.format(Superblock(fs_id="r", extent_size=1 << 20), 0, 0)
+    old.create_node(ROOT_INO, b"kept", stat.S_IFREG | 0o644, 0, 0)
+    db = snapshot(old, str(tmp_path))
+    old.close()
+    cold.put(checkpoint_name(1), pack(1, db))
+    newest = pack(2, db)
+    assert damage[0] in newest
+    cold.put(checkpoint_name(2), newest.replace(damage[0], damage[1], 1))
+
+    meta, report = recover(cold, meta_dir(str(tmp_path / "cache")))
+    try:
+        assert report.checkpoint == 1 and report.skipped_checkpoints == [2]
+        assert meta.lookup(ROOT_INO, b"kept")
+    finally:
+        meta.close()

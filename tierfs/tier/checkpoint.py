@@ -55,7 +55,10 @@ def unpack(blob: bytes) -> tuple[int, bytes]:
     try:
         meta = json.loads(head)
     except ValueError:
-        raise UserError("checkpoint header is damaged") from None
+        meta = None
+    # A damaged header may still parse (a flipped byte in a key): damaged all the same.
+    if not isinstance(meta, dict) or not {"seq", "size", "xxh3"} <= meta.keys():
+        raise UserError("checkpoint header is damaged")
     if len(db) != meta["size"] or xxh3(db) != meta["xxh3"]:
         raise UserError(f"checkpoint {meta.get('seq')} failed its checksum")
     return meta["seq"], db
