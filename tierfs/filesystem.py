@@ -11,7 +11,7 @@ import uuid
 from . import cold as cold_mod
 from .cold.faulty import ControlledFaults
 from .cold.retry import RetryingStore
-from .errors import ObjectNotFound, UserError
+from .errors import ColdConfigError, ColdStoreError, ObjectNotFound, UserError
 from .meta import MetaStore
 from .meta.store import open_engine
 from .meta.schema import FORMAT_VERSION, READABLE_FORMATS, SUPERBLOCK_OBJECT, Superblock
@@ -25,18 +25,23 @@ def open_cold(cfg, stats=None):
     """The configured object store, with retries (and test faults if asked)."""
     store = cold_mod.open_store(cfg.cold_url, s3_endpoint=cfg.s3_endpoint,
                                 s3_region=cfg.s3_region, s3_path_style=cfg.s3_path_style)
-    store.check()
+    try:
+        RetryingStore(store, timeout=cfg.cold_timeout).check()  # throttling is retried
+    except ColdConfigError:
+        raise
+    except ColdStoreError as e:  # still failing after --cold-timeout of retries
+        raise bucket_failed_the_mount(store.describe(), e) from None
     if getattr(cfg, "fault_file", None):
         store = ControlledFaults(store, cfg.fault_file)
     return RetryingStore(store, timeout=cfg.cold_timeout, stats=stats)
 
 
 def bucket_failed_the_mount(cold_url: str, e: Exception) -> UserError:
-    """The bucket passed the mount's check, then failed the requests that read the
-    filesystem (an outage, throttling that outlasted the retries): one line for the
-    user, not an internal error."""
-    return UserError(f"{cold_url} failed while the mount read the filesystem ({e}): "
-                     f"check that the bucket answers, then mount again")
+    """The bucket failed the requests that open the filesystem past the retries (an
+    outage, throttling, 5xx): one line for the user, not an internal error nor a
+    setting to fix."""
+    return UserError(f"{cold_url} failed the requests that open the filesystem ({e}): "
+                     f"check that the bucket answers, then try again")
 
 
 def read_superblock(cold) -> Superblock | None:

@@ -531,3 +531,61 @@ def test_faulty_latency():
     start = time.monotonic()
     s.size(KEY)
     assert time.monotonic() - start >= 0.05
+
+
+class _Body:
+    """The raw body of a canned HTTP response."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def stream(self, **_kw):
+        yield self.data
+
+
+def throttle(s3, operation: str, times: int) -> dict:
+    """Make the S3 endpoint answer the next `times` requests of `operation` (botocore's
+    name: HeadBucket, PutObject...) with 503 SlowDown, as a bucket under load does.
+    The request does not reach the server. Returns the count of those left."""
+    from botocore.awsrequest import AWSResponse
+
+    left = {"n": times}
+    body = (b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code>"
+            b"<Message>Please reduce your request rate.</Message></Error>")
+
+    def slow_down(request, **_kw):
+        if left["n"] > 0:
+            left["n"] -= 1
+            return AWSResponse(request.url, 503, {"Content-Type": "application/xml"},
+                               _Body(body))
+        return None
+
+    s3._client.meta.events.register(f"before-send.s3.{operation}", slow_down)
+    return left
+
+
+@pytest.mark.parametrize("operation", ["HeadBucket", "PutObject", "GetObject"])
+def test_s3_check_of_a_throttling_bucket_is_retried(moto_endpoint, bucket, operation):
+    """A mount's check of a bucket that answers 503 SlowDown for a moment (many nodes
+    starting at once) is retried like any other request, not taken for a
+    misconfiguration that refuses the mount."""
+    from tierfs.cold.retry import RetryingStore
+    from tierfs.cold.s3 import S3Store
+
+    s3 = S3Store(bucket, "p", endpoint=moto_endpoint)
+    left = throttle(s3, operation, 2)
+    RetryingStore(s3, timeout=10, base=0.01, cap=0.05).check()
+    assert left["n"] == 0  # it was throttled, and got through
+
+
+def test_s3_check_of_a_bucket_that_keeps_throttling_says_so(moto_endpoint, bucket):
+    """Throttled past the retries: the error names the throttling and is no
+    configuration error (which would tell the user to fix a setting)."""
+    from tierfs.cold.retry import RetryingStore
+    from tierfs.cold.s3 import S3Store
+
+    s3 = S3Store(bucket, "p", endpoint=moto_endpoint)
+    throttle(s3, "PutObject", 10 ** 6)
+    with pytest.raises(ColdStoreError) as e:
+        RetryingStore(s3, timeout=0.2, base=0.01, cap=0.05).check()
+    assert "SlowDown" in str(e.value) and not isinstance(e.value, ColdConfigError)

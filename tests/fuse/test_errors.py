@@ -402,7 +402,7 @@ def test_a_bucket_failing_after_its_check_refuses_the_mount_in_one_line(tmp_path
         assert run_cli("umount", str(tmp_path / "mnt")).returncode == 0
     faults.write_text(json.dumps({"outage": True}))
     res = run_cli(*args)
-    assert_clean_error(res, "injected outage", "then mount again")
+    assert_clean_error(res, "injected outage", "then try again")
     assert "internal error" not in res.stderr
     log = (tmp_path / "cache" / "tierfs.log").read_text()
     assert "Traceback" not in log, log

@@ -82,7 +82,10 @@ class RetryingStore:
         return self._call("size", key)
 
     def check(self) -> None:
-        self.inner.check()
+        """Retried like the rest: a bucket throttling a moment (many nodes mounting at
+        once) is no misconfiguration. Stores raise ColdConfigError, never retried, for
+        what the user must fix."""
+        self._call("check")
 
     def describe(self) -> str:
         return self.inner.describe()

@@ -239,19 +239,21 @@ class S3Store:
         except ColdConfigError:
             raise
         except ColdStoreError as e:
+            if e.transient:  # throttling, 5xx: the caller retries the check
+                raise
             raise ColdConfigError(f"cannot use {self.describe()}: {e}") from e
         if got != probe:
             raise ColdConfigError(
                 f"{self.describe()} returned wrong data for probe key {PROBE_KEY}: check the endpoint"
             )
 
-    def _check_error(self, e: Exception) -> ColdConfigError:
+    def _check_error(self, e: Exception) -> ColdStoreError:
         if isinstance(e, (bce.ConnectionError, bce.HTTPClientError)):
             return ColdConfigError(
                 f"cannot reach S3 endpoint {self.endpoint}: check --s3-endpoint / AWS_ENDPOINT_URL"
             )
         err = self._error(e, "check")
-        if isinstance(err, ColdConfigError):
+        if isinstance(err, ColdConfigError) or err.transient:  # transient: retried
             return err
         return ColdConfigError(f"cannot use {self.describe()} at endpoint {self.endpoint}: {err}")
 
