@@ -3,7 +3,10 @@ held in place by the store gate (a bucket that accepts and never answers)."""
 from __future__ import annotations
 
 import errno
+import os
+import time
 
+import pytest
 import trio
 
 from tierfs.errors import FsError
@@ -47,5 +50,35 @@ def test_concurrent_cold_reads_of_a_silent_bucket_share_one_timeout(tmp_path):
             assert errors == [errno.EIO] * readers, errors
             assert get.entered == 1, (f"{get.entered} GETs, one after another, for "
                                       f"{readers} concurrent readers of one extent")
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["alone", "packed"])
+def test_a_dirty_extent_whose_hot_file_is_gone_is_not_handed_out_for_ever(tmp_path, packed):
+    """Someone deleted the hot file of an extent not uploaded yet (a cleaner in the
+    cache dir): its data is lost. The uploader says so once and stops handing it out;
+    before, it found the file gone, counted nothing and took the extent again at once,
+    a busy loop on the trio thread (thousands of rounds a second) for ever. The extent
+    stays dirty: `sync --wait` and `umount` say it is not in the bucket."""
+    async def scenario():
+        async with engine_stack(tmp_path, extent_size=E, cache_size=8 * E,
+                                upload_delay=3600, checkpoint_every=0,
+                                pack_below=E if packed else 0,
+                                allowed_errors=("hot file missing",)) as s:
+            ino, other = s.create(), s.create()
+            await s.engine.write(ino, 0, b"x" * 100)
+            await s.engine.write(other, 0, b"y" * 100)  # packed along with it
+            s.hot._forget_fd(ino, 0)
+            os.unlink(s.hot.path(ino, 0))
+            s.uploader.hurry(ino)
+            s.uploader.hurry(other)
+            await until(lambda: s.engine.stats.counters.get("hot_file_lost"),
+                        what="the uploader to report the lost hot file")
+            await until(lambda: not s.uploader.in_flight, what="the uploads to end")
+            assert (ino, 0) in s.engine.index.dirty and s.record(ino, 0).dirty
+            assert not s.engine.index.has_dirty(other)  # the rest uploads as usual
+            single, packs, _left = s.uploader._select(time.monotonic())
+            assert not single and not packs, "the lost extent is handed out again"
 
     run(scenario)

@@ -66,6 +66,7 @@ class Uploader:
         self.last_error: str | None = None   # of the latest failed upload, for sync/status
         self.backoff_until = 0.0
         self.paused = lambda: False  # e.g. while this node is fenced off
+        self.lost: dict[Key, int] = {}  # dirty extents whose hot file is gone: their gen
         space.kick_uploader = self.kick
 
     def kick(self) -> None:
@@ -94,6 +95,8 @@ class Uploader:
             if key in self.in_flight or key in held:
                 continue
             info = index.dirty[key]
+            if self.lost.get(key) == info.gen:
+                continue  # nothing to upload it from, until it is written or removed
             if not (urgent_all or info.found or key[0] in rush
                     or now - info.last_write >= quiet_for):
                 return  # the rest were written later still
@@ -234,6 +237,8 @@ class Uploader:
         got = self._dirty_state(key)
         fd = None if got is None else engine.hot.dup_fd(ino, idx)
         if fd is None:
+            if got is not None:
+                self._lost(key, got[0])
             return
         gen, length = got
         obj_id = engine.meta.next_object_id()
@@ -294,6 +299,18 @@ class Uploader:
         self.failures = 0
         self.last_error = None
         return out
+
+    def _lost(self, key: Key, gen: int) -> None:
+        """The hot file of a dirty extent is gone (deleted behind the daemon's back):
+        its data is lost. Said once and not handed out again (it would be at once, a
+        busy loop); it stays dirty, so `sync --wait` and unmount say it is not in the
+        bucket, and reads of it fail with EIO."""
+        if self.lost.get(key) != gen:
+            log.error("inode %d extent %d: hot file missing and not in the bucket: its "
+                      "data is lost (reads give EIO; fsck --repair drops it)", *key)
+            self.engine.stats.inc("hot_file_lost")
+        self.lost = {k: g for k, g in self.lost.items() if k in self.engine.index.dirty}
+        self.lost[key] = gen
 
     def _dirty_state(self, key: Key) -> tuple[int, int] | None:
         """(write generation, length) of a dirty extent to upload now, or None
@@ -367,8 +384,6 @@ class Uploader:
         # Back on the trio thread: which extents still hold what was uploaded?
         changed, drops, refs, done = {}, [], [], []
         for (key, gen, _length), (off, length, checksum) in zip(pieces, layout):
-            if checksum is None:
-                continue  # its file was gone when the thread read it
             ino, idx = key
             try:
                 _node, exts = engine.meta.get_extents(ino, idx, idx)
@@ -378,6 +393,9 @@ class Uploader:
             info = engine.index.dirty.get(key)
             if cur is None or not cur.dirty or info is None or info.gen != gen:
                 continue  # written, truncated or removed meanwhile: dead bytes in the pack
+            if checksum is None:  # its file was gone, yet nothing changed the extent
+                self._lost(key, gen)
+                continue
             changed[key] = replace(cur, flags=cur.flags & ~DIRTY, length=length,
                                    checksum=checksum, obj_id=obj_id, obj_off=off, obj_len=length)
             if cur.obj_id:
