@@ -406,3 +406,16 @@ def test_a_bucket_failing_after_its_check_refuses_the_mount_in_one_line(tmp_path
     assert "internal error" not in res.stderr
     log = (tmp_path / "cache" / "tierfs.log").read_text()
     assert "Traceback" not in log, log
+
+
+@pytest.mark.parametrize("content", ['["a", "list"]', '"text"', 'null',
+                                     '{"fs_id": "x", "extent_size": "4M", "format": 2}'])
+def test_a_foreign_tierfs_json_is_refused_in_one_line(tmp_path, content):
+    """The location holds a tierfs.json that another tool wrote (valid JSON, but not a
+    superblock): the mount says the location is not a tierfs filesystem, not
+    "internal error: TypeError" (or a crash later on an extent size that is text)."""
+    (tmp_path / "mnt").mkdir()
+    (tmp_path / "cold").mkdir()
+    (tmp_path / "cold" / SUPERBLOCK_OBJECT).write_text(content)
+    res = run_cli(*mount_args(tmp_path))
+    assert_clean_error(res, "is not a valid tierfs superblock")

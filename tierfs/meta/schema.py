@@ -198,6 +198,11 @@ class Superblock:
     @classmethod
     def decode(cls, raw: bytes) -> "Superblock":
         d = json.loads(raw)
+        # Valid JSON of another kind (a tierfs.json another tool wrote) is no superblock.
+        if not (isinstance(d, dict) and isinstance(d.get("fs_id"), str)
+                and isinstance(d.get("extent_size"), int) and d["extent_size"] > 0
+                and isinstance(d.get("format"), int)):
+            raise ValueError("not a tierfs superblock")
         return cls(fs_id=d["fs_id"], extent_size=d["extent_size"],
                    format_version=d["format"], created_ns=d.get("created_ns", 0),
                    shared=d.get("namespace") == "shared")
