@@ -20,6 +20,14 @@ class FsError(TierfsError):
         self.errno = err
 
 
+class ColdUnavailable(FsError):
+    """The bucket did not serve a read (it failed, or was silent past --cold-timeout):
+    EIO, and nothing known about the object's data, unlike a checksum mismatch."""
+
+    def __init__(self, message: str):
+        super().__init__(_errno.EIO, message)
+
+
 class UserError(TierfsError):
     """Bad input or environment: printed as one line naming the problem and the fix."""
 

@@ -11,6 +11,7 @@ import trio
 
 from tierfs.errors import FsError
 from tierfs.meta.schema import object_name
+from tierfs.tier import actions
 
 from .harness import KiB, engine_stack, run, until
 
@@ -80,5 +81,30 @@ def test_a_dirty_extent_whose_hot_file_is_gone_is_not_handed_out_for_ever(tmp_pa
             assert not s.engine.index.has_dirty(other)  # the rest uploads as usual
             single, packs, _left = s.uploader._select(time.monotonic())
             assert not single and not packs, "the lost extent is handed out again"
+
+    run(scenario)
+
+
+def test_scrub_during_an_outage_calls_no_object_damaged(tmp_path):
+    """`tierfs scrub` while the bucket fails every request: the objects could not be
+    checked, which is not damage. Before, each was counted a damaged object (the CLI
+    then says the ones without a good hot copy "are lost") and its good hot copy was
+    made dirty to be uploaded again."""
+    async def scenario():
+        async with engine_stack(tmp_path, extent_size=E, cache_size=8 * E, upload_delay=0,
+                                checkpoint_every=0, retry_timeout=0.2,
+                                allowed_errors=("cold read of",)) as s:
+            ino = s.create()
+            await s.engine.write(ino, 0, b"x" * E)
+            await s.uploader.flush({ino})
+            s.faulty.outage = True
+            try:
+                out = await actions.scrub(s.engine, ino)
+            except FsError as e:  # the scrub of this file failed: fine, it says why
+                assert e.errno == errno.EIO and "outage" in str(e), e
+            else:
+                assert out["cold_bad"] == 0, out
+            assert not s.record(ino, 0).dirty, "a good object is to be uploaded again"
+            s.faulty.outage = False
 
     run(scenario)

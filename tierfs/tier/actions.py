@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import trio
 
-from ..errors import FsError, TierfsError
+from ..errors import ColdUnavailable, FsError, TierfsError
 from ..meta.schema import DIRTY, HOT, PINNED
 
 
@@ -149,6 +149,8 @@ async def scrub(engine, ino: int) -> dict:
             out["cold_ok"] += 1
             if ext.hot and not hot_good:
                 await engine.fetch(ino, idx, for_write=True)
+        except ColdUnavailable:
+            raise  # the object could not be checked: no damage found, none to report
         except FsError:
             out["cold_bad"] += 1
             if hot_good:  # upload the good hot copy again

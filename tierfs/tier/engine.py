@@ -17,7 +17,8 @@ from dataclasses import replace
 import trio
 
 from ..checksum import hot_copy_matches, object_matches
-from ..errors import ChecksumMismatch, ColdStoreError, FsError, ObjectNotFound
+from ..errors import (ChecksumMismatch, ColdStoreError, ColdUnavailable, FsError,
+                      ObjectNotFound)
 from ..hot import HotStore, pagecache
 from ..meta import MetaStore, scan
 from ..meta.schema import DIRTY, HOT, Extent, object_name
@@ -422,7 +423,9 @@ class Engine:
             if pending.data is not None and not for_write:
                 return pending.data  # installed, or declined by the cache policy
             if pending.failed is not None and self._record(ino, idx) == ext:
-                raise FsError(pending.failed.errno, str(pending.failed))
+                e = pending.failed
+                raise (ColdUnavailable(str(e)) if isinstance(e, ColdUnavailable)
+                       else FsError(e.errno, str(e)))
         shared = pending is None  # readers of this version may wait for this GET
         pending = _Fetch(ext)
         if shared:
@@ -752,7 +755,7 @@ class Engine:
             self.stats.inc("cold_errors")
             log.error("cold read of %s for %s: the bucket did not answer within %.0fs "
                       "(--cold-timeout): returning EIO", name, of, self.cold_timeout)
-            raise FsError(errno.EIO, "bucket timeout") from None
+            raise ColdUnavailable("bucket timeout") from None
         except ChecksumMismatch:
             if record is not None and self._moved(ino, idx, record):
                 raise _Moved from None
@@ -769,7 +772,7 @@ class Engine:
         except ColdStoreError as e:
             self.stats.inc("cold_errors")
             log.error("cold read of %s for %s failed: %s", name, of, e)
-            raise FsError(errno.EIO, str(e)) from None
+            raise ColdUnavailable(str(e)) from None
         self.stats.inc("cold_read_bytes", ext.obj_len)
         self.stats.inc("cold_reads")
         self.stats.observe("cold_fetch_seconds", "", time.monotonic() - t0)
