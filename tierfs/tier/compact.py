@@ -6,7 +6,8 @@ live extents are read back with ranged GETs (each checked against its checksum),
 packed into a new object under an upload intent, and, in one transaction, every
 extent whose record still points into the old pack moves to the new one (extents
 changed meanwhile are dead bytes in the new pack from the start). That drops the
-old pack's references, so gc deletes it under the usual checkpoint rule. A crash
+old pack's references, so gc deletes it under the usual checkpoint rule. A pack
+with a damaged piece, or missing from the bucket, is left as it is. A crash
 before the transaction leaves an intent (its object is deleted at the next mount)
 and the old pack as it was. --compact-rate bounds the bytes rewritten per second.
 """
@@ -19,7 +20,7 @@ from dataclasses import replace
 import trio
 
 from ..checksum import object_matches
-from ..errors import ColdStoreError, FsError
+from ..errors import ColdStoreError, FsError, ObjectNotFound
 from ..meta import scan
 from ..meta.schema import Ref, object_name
 
@@ -93,9 +94,9 @@ class Compactor:
         engine.stats.inc("compaction_runs")
         t0 = time.monotonic()
         try:
-            pieces = await trio.to_thread.run_sync(self._read_and_put, picked, new_id,
-                                                   limiter=engine.s3_limiter,
-                                                   abandon_on_cancel=True)
+            pieces, missing = await trio.to_thread.run_sync(
+                self._read_and_put, picked, new_id, limiter=engine.s3_limiter,
+                abandon_on_cancel=True)
         except trio.Cancelled:
             raise
         except BaseException as e:
@@ -108,20 +109,32 @@ class Compactor:
         self.stuck |= {obj_id for obj_id, live in picked
                        if any((obj_id, ref.offset) not in read for ref, _e in live)}
         moved = self._commit(new_id, pieces)
+        for obj_id, count in missing.items():
+            if engine.meta.pack(obj_id) is not None:  # else its files all went meanwhile
+                log.error("compaction: pack %s is missing from the bucket: its %d extents "
+                          "read EIO (fsck --repair drops them); it is left as it is",
+                          object_name(obj_id), count)
         # The rate bound: a pass of n bytes takes at least n / rate seconds.
         await trio.sleep(max(0.0, nbytes / self.rate - (time.monotonic() - t0)))
         return moved
 
     def _read_and_put(self, picked, new_id: int):
         """(worker thread) Read every live piece (verified), put them as one new pack;
-        [(old ref, record read, new offset)] of the pieces it holds."""
+        ([(old ref, record read, new offset)] of the pieces it holds, {pack id: live
+        pieces} of the packs missing from the bucket)."""
         cold = self.engine.cold
-        blob, pieces = bytearray(), []
+        blob, pieces, missing = bytearray(), [], {}
         for obj_id, live in picked:
             for span in _spans(live):
                 lo = span[0][0].offset
                 hi = span[-1][0].offset + span[-1][0].length
-                data = cold.get(object_name(obj_id), lo, hi - lo)
+                try:
+                    data = cold.get(object_name(obj_id), lo, hi - lo)
+                except ObjectNotFound:
+                    # Lost (or deleted with its last file meanwhile): the other packs
+                    # are compacted all the same, this one is not retried.
+                    missing[obj_id] = len(live)
+                    break
                 for ref, ext in span:
                     piece = data[ref.offset - lo:ref.offset - lo + ref.length]
                     if not object_matches(piece, ref.length, ext.checksum):
@@ -133,7 +146,7 @@ class Compactor:
                     blob += piece
         if pieces:
             cold.put(object_name(new_id), blob)
-        return pieces
+        return pieces, missing
 
     def _commit(self, new_id: int, pieces) -> int:
         """Move the extents that still hold what was read into the new pack, in one

@@ -1,0 +1,53 @@
+"""Packs after upload, over the in-memory bucket: compaction and scrub meeting a
+lost pack, a rewrite or a compaction while they read."""
+from __future__ import annotations
+
+import pytest
+
+from tierfs.meta import scan
+from tierfs.meta.schema import object_name
+
+from .harness import KiB, engine_stack, run, settle, until
+
+E = 64 * KiB
+SMALL = 8 * KiB  # a small file: one short extent, packed
+
+
+def _stack(tmp_path, **kw):
+    kw.setdefault("cache_size", 64 * E)
+    kw.setdefault("upload_delay", 0)
+    return engine_stack(tmp_path, extent_size=E, checkpoint_every=0, pack_below=E,
+                        pack_size=16 * E, **kw)
+
+
+async def _packed(s, n: int, fill: int) -> tuple[list[int], int]:
+    """n small files written together and uploaded as one pack: (inodes, pack id)."""
+    inos = [s.create() for _ in range(n)]
+    for i, ino in enumerate(inos):
+        await s.engine.write(ino, 0, bytes([fill + i]) * SMALL)
+    await settle(s)
+    packs = {s.record(ino, 0).obj_id for ino in inos}
+    assert len(packs) == 1 and s.meta.pack(packs.pop()) is not None
+    return inos, s.record(inos[0], 0).obj_id
+
+
+def test_a_lost_pack_does_not_stop_compaction_of_the_others(tmp_path):
+    """A pack gone from the bucket (deleted by hand, a lifecycle rule) cannot be
+    compacted: its files read EIO. It must not keep every other dead pack from
+    being compacted, pass after pass, with a warning each time."""
+    async def body():
+        async with _stack(tmp_path, compact_dead=0.5,
+                          allowed_errors=("is missing from the bucket",)) as s:
+            lost_inos, lost = await _packed(s, 4, 1)
+            inos, kept = await _packed(s, 4, 11)
+            s.memory.delete(object_name(lost))
+            for ino in lost_inos[1:] + inos[1:]:  # both packs 3/4 dead
+                await s.engine.truncate(ino, 0)
+            await until(lambda: s.record(inos[0], 0).obj_id != kept, timeout=5,
+                        what="the live pack to be compacted")
+            s.evict_all()
+            assert bytes(await s.engine.read(inos[0], 0, SMALL)) == bytes([11]) * SMALL
+            assert s.record(lost_inos[0], 0).obj_id == lost  # left where it is
+            errors = [r.getMessage() for r in s.logs.records if "missing" in r.getMessage()]
+            assert any(object_name(lost) in m for m in errors), errors
+    run(body)
