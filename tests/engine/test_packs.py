@@ -51,3 +51,35 @@ def test_a_lost_pack_does_not_stop_compaction_of_the_others(tmp_path):
             errors = [r.getMessage() for r in s.logs.records if "missing" in r.getMessage()]
             assert any(object_name(lost) in m for m in errors), errors
     run(body)
+
+
+@pytest.mark.parametrize("change", ["rewrite", "truncate"])
+def test_scrub_does_not_call_an_object_changed_under_it_damaged(tmp_path, change):
+    """Scrub reads a packed file's object while the file is rewritten (or cut) and
+    uploaded: the old pack is deleted at once (no checkpoint names it). That is
+    no damage: scrub must not report a damaged object nor log one missing."""
+    from tierfs.tier import actions
+
+    async def body():
+        async with _stack(tmp_path) as s:
+            inos, pack = await _packed(s, 2, 1)
+            ino = inos[0]
+            get = s.gate.hold("get")
+            result = {}
+
+            async def scrub():
+                result.update(await actions.scrub(s.engine, ino))
+            s.nursery.start_soon(scrub)
+            await until(lambda: get.entered, what="scrub's GET")
+            if change == "rewrite":
+                await s.engine.write(ino, 0, b"x" * SMALL)
+            else:
+                await s.engine.truncate(ino, 0)
+            await s.engine.truncate(inos[1], 0)  # the pack's last reference goes
+            await settle(s)
+            await until(lambda: object_name(pack) not in s.memory.list("data/"),
+                        what="gc to delete the old pack")
+            get.release()
+            await until(lambda: result, what="scrub to finish")
+            assert result["cold_bad"] == 0, result
+    run(body)

@@ -145,7 +145,9 @@ async def scrub(engine, ino: int) -> dict:
             else:
                 out["hot_repaired"] += 1
         try:
-            await engine.get_verified(ext, ino, idx)
+            if not await engine.verify_cold(ino, idx, ext):
+                out["dirty_skipped"] += 1  # changed while it was read
+                continue
             out["cold_ok"] += 1
             if ext.hot and not hot_good:
                 await engine.fetch(ino, idx, for_write=True)

@@ -778,6 +778,20 @@ class Engine:
         self.stats.observe("cold_fetch_seconds", "", time.monotonic() - t0)
         return data
 
+    async def verify_cold(self, ino: int, idx: int, ext: Extent) -> bool:
+        """Read and verify an extent's object (scrub). A record that changes during
+        the GET (rewritten and uploaded, compacted, cut: the old object may be gone
+        already) is checked as it is then. False: it has no object to check any more
+        (dirty, or gone); FsError(EIO) if the object is damaged or missing."""
+        while True:
+            try:
+                await self.get_verified(ext, ino, idx, record=ext)
+                return True
+            except _Moved:
+                ext = self._record(ino, idx)
+                if ext is None or ext.dirty or not ext.obj_id:
+                    return False
+
     def needs_ready(self, ino: int, idx: int, ext: Extent) -> bool:
         """Whether `ext` must be made ready (ensure_hot) before it is changed in place:
         it is cold, or its hot copy was found at mount and not checked yet."""
