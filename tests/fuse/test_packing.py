@@ -280,6 +280,26 @@ def test_a_daemon_killed_while_compacting_loses_nothing(mount_factory, tmp_path)
     assert res.returncode == 0, res.stdout
 
 
+def test_a_pack_lost_from_the_bucket_does_not_stop_compaction(mount_factory):
+    """A pack gone from the bucket cannot be compacted: it is named in the log once,
+    and the other dead packs are compacted all the same."""
+    m = mount_factory(args=ARGS)
+    a = make_files(m, "a", 20, 30 * KiB, 110)
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    (lost,) = data_objects(m)
+    b = make_files(m, "b", 20, 30 * KiB, 130)
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    os.unlink(os.path.join(m.cold_url[len("file://"):], "data", lost))
+    m.allowed_log.append("is missing from the bucket")
+    for path in sorted(a)[5:] + sorted(b)[5:]:  # both packs 75% dead
+        os.unlink(path)
+    wait_until(lambda: counters(m).get("compactions", 0) >= 1, 60, "b's pack to be compacted")
+    make_cold(m, "b")
+    for path in sorted(b)[:5]:
+        assert read_file(path) == b[path]
+    assert m.log().count(f"pack data/{lost} is missing from the bucket") == 1, m.log()
+
+
 def test_prefetch_and_pin_fetch_packed_files_a_range_of_the_pack_at_a_time(mount_factory):
     """`prefetch -r` and `pin -r` of a directory of small packed files send the files
     in one request and cost a few ranged GETs, not one per file; files packed among
