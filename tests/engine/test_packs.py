@@ -83,3 +83,29 @@ def test_scrub_does_not_call_an_object_changed_under_it_damaged(tmp_path, change
             await until(lambda: result, what="scrub to finish")
             assert result["cold_bad"] == 0, result
     run(body)
+
+
+def test_a_pack_cut_short_fails_only_the_files_it_lacks(tmp_path):
+    """A pack whose end is lost (a truncated object in a file:// bucket): a cold
+    read of an intact file reads its neighbours along in one GET, which comes back
+    short. Only the file whose bytes are gone may fail, and the log names it."""
+    import errno
+
+    from tierfs.errors import FsError
+
+    async def body():
+        async with _stack(tmp_path, allowed_errors=("checksum mismatch",)) as s:
+            inos, pack = await _packed(s, 4, 1)
+            name = object_name(pack)
+            s.memory.put(name, s.memory.get(name)[:3 * SMALL + 10])  # the last file cut
+            s.evict_all()
+            for i, ino in enumerate(inos[:3]):
+                got = bytes(await s.engine.read(ino, 0, SMALL))
+                assert got == bytes([1 + i]) * SMALL, f"file {i} read wrong"
+            s.evict_all()
+            with pytest.raises(FsError) as e:
+                await s.engine.read(inos[3], 0, SMALL)
+            assert e.value.errno == errno.EIO
+            blamed = [r.getMessage() for r in s.logs.records if "mismatch" in r.getMessage()]
+            assert blamed and all(f"inode {inos[3]} extent 0" in m for m in blamed), blamed
+    run(body)

@@ -185,6 +185,26 @@ def test_a_damaged_pack_fails_only_its_own_files(mount_factory, damage):
     assert failed == sorted(a), res.stderr
 
 
+def test_a_pack_cut_short_fails_only_the_files_it_lacks(mount_factory):
+    """A pack file in the bucket lost its end: only the file whose bytes were there
+    reads EIO and is named in the log; the files before it read back whole."""
+    m = mount_factory(args=ARGS)
+    files = make_files(m, "a", 8, 12 * KiB, 150)
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    (pack,) = data_objects(m)
+    os.truncate(os.path.join(m.cold_url[len("file://"):], "data", pack), 7 * 12 * KiB + 10)
+    m.allowed_log.append("checksum mismatch on object")
+    make_cold(m, "a")
+    *whole, cut = sorted(files)
+    for path in whole:
+        assert read_file(path) == files[path]
+    with pytest.raises(OSError) as e:
+        read_file(cut)
+    assert e.value.errno == errno.EIO
+    blamed = [line for line in m.log().splitlines() if "checksum mismatch" in line]
+    assert blamed and all(f"inode {os.stat(cut).st_ino} extent 0" in x for x in blamed), blamed
+
+
 def test_a_daemon_killed_while_a_pack_uploads_loses_nothing(mount_factory, tmp_path):
     faults = str(tmp_path / "faults.json")
     set_faults(faults, {})
