@@ -109,3 +109,35 @@ def test_a_pack_cut_short_fails_only_the_files_it_lacks(tmp_path):
             blamed = [r.getMessage() for r in s.logs.records if "mismatch" in r.getMessage()]
             assert blamed and all(f"inode {inos[3]} extent 0" in m for m in blamed), blamed
     run(body)
+
+
+@pytest.mark.parametrize("lost", ["pack record", "pack record and references"])
+def test_fsck_records_a_pack_that_lost_its_record_again(tmp_path, lost):
+    """Files share a pack whose record is gone from the metadata: dropping one of
+    them would send the whole object to gc, as if it were that file's alone. fsck
+    must say so and record the pack again, not leave the files sharing a bare
+    object."""
+    from tierfs.meta import schema
+    from tierfs.tier.fsck import Fsck
+
+    async def body():
+        async with _stack(tmp_path) as s:
+            inos, pack = await _packed(s, 3, 1)
+            keys = [schema.pack_key(pack)]
+            if lost != "pack record":
+                keys += [schema.ref_key(pack, r.offset) for r in s.meta.pack_refs(pack)]
+            s.meta.delete_raw(keys)
+
+            def fsck(repair: bool):
+                return [f.problem for f in Fsck(s.meta, s.hot, s.cold, E, repair=repair,
+                                                verify_data=False).run()]
+            assert fsck(False), "fsck found nothing wrong"
+            fsck(True)
+            assert fsck(False) == []
+            await s.engine.truncate(inos[0], 0)  # drops one file's share of the pack
+            for _ in range(3):
+                await s.gc.collect()
+            s.evict_all()
+            for i, ino in enumerate(inos[1:], 2):
+                assert bytes(await s.engine.read(ino, 0, SMALL)) == bytes([i]) * SMALL
+    run(body)

@@ -271,9 +271,10 @@ class MetaStore:
         txn.put(s.gc_key(obj_id), s.u64(0 if now else self.epoch) + s.u64(size))
 
     @_transaction
-    def set_pack_refs(self, obj_id: int, refs: list[Ref]) -> None:
+    def set_pack_refs(self, obj_id: int, refs: list[Ref], total: int | None = None) -> None:
         """Make a pack's recorded references exactly `refs` (fsck's repair). With
-        none, the pack (if it is one) goes to gc."""
+        none, the pack (if it is one) goes to gc. `total`: the size of a pack whose
+        own record was lost, to record it again."""
         prefix = s.ref_prefix(obj_id)
         with self._write() as txn:
             old = [key for key, _ in self._scan(txn, prefix, values=False)]
@@ -281,7 +282,9 @@ class MetaStore:
                 txn.delete(key)
             raw = txn.get(s.pack_key(obj_id))
             if raw is None:
-                return
+                if total is None or not refs:
+                    return
+                raw = Pack(total, 0).encode()
             pack = Pack.decode(raw)
             if not refs:
                 txn.delete(s.pack_key(obj_id))

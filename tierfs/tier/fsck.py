@@ -232,15 +232,28 @@ class Fsck:
         use, a stale one would keep a dead pack forever."""
         meta = self.meta
         packs = {obj_id: pack for obj_id, pack in scan.packs(meta)}
-        users: dict[int, dict[int, Ref]] = {obj_id: {} for obj_id in packs}
+        users: dict[int, dict[int, Ref]] = {}
         for ino, idx, ext in scan.extents(meta):
-            if ext.obj_id in users:
-                users[ext.obj_id][ext.obj_off] = Ref(ext.obj_off, ext.obj_len, ino, idx)
+            if ext.obj_id:
+                users.setdefault(ext.obj_id, {})[ext.obj_off] = Ref(ext.obj_off, ext.obj_len,
+                                                                    ino, idx)
         recorded: dict[int, dict[int, Ref]] = {}
         for obj_id, ref in scan.refs(meta):
             recorded.setdefault(obj_id, {})[ref.offset] = ref
-        for obj_id in sorted(packs.keys() | recorded.keys()):
+        # An object of one extent lies at offset 0: one used at another offset, or by
+        # several extents, is a pack, whether its records say so or not.
+        shared = {obj_id for obj_id, used in users.items() if len(used) > 1 or 0 not in used}
+        for obj_id in sorted(packs.keys() | recorded.keys() | shared):
             want, have = users.get(obj_id, {}), recorded.get(obj_id, {})
+            if obj_id not in packs and want:
+                # Without its record, dropping one file's piece would send the whole
+                # object to gc.
+                self.found(f"pack {obj_id} has lost its record ({len(want)} extents use it)",
+                           "recorded it again")
+                if self.repair:
+                    meta.set_pack_refs(obj_id, list(want.values()),
+                                       total=self.pack_size(obj_id, want.values()))
+                continue
             if obj_id not in packs:
                 self.found(f"references into object {obj_id}, which is not a pack",
                            "removed them")
@@ -257,6 +270,10 @@ class Fsck:
                 meta.set_pack_refs(obj_id, list(want.values()) if obj_id in packs else [])
         if self.repair:
             meta.sync()
+
+    def pack_size(self, obj_id: int, refs) -> int:
+        """A pack's size: its object's, or (gone from the bucket) the end of its last piece."""
+        return self.cold.size(object_name(obj_id)) or max(r.offset + r.length for r in refs)
 
     def verify(self, ino: int, idx: int, ext, fixes) -> None:
         hot_ok = None
