@@ -82,6 +82,10 @@ class Checkpointer:
         self.keep = max(1, keep)
         self.kept: list[int] = []
         self._in_flight: int | None = None  # the checkpoint being taken and put
+        # Checkpoints whose PUT failed: they may have landed all the same (the answer
+        # lost, or the PUT abandoned), so gc keeps what they name until the next one
+        # lands and prunes them.
+        self._unsure: list[int] = []
         self._lock = trio.Lock()
         # Blocking check that the filesystem is still this node's (the lease): a
         # node taken over must not put or prune checkpoints the new holder relies on.
@@ -96,7 +100,8 @@ class Checkpointer:
         # The checkpoint on its way counts as kept from the moment its epoch begins:
         # the first of a new filesystem, with nothing kept yet, must not find the
         # objects it names deleted once it lands.
-        taken = self.kept[:1] + ([self._in_flight] if self._in_flight is not None else [])
+        taken = self.kept[:1] + self._unsure[:1] + (
+            [self._in_flight] if self._in_flight is not None else [])
         oldest = min(taken) if taken else None
         # An object dropped in epoch e may be in checkpoints <= e: keep it until
         # every kept checkpoint is newer.
@@ -143,10 +148,15 @@ class Checkpointer:
         # a power cut it must not be older than a checkpoint in the bucket, whose
         # objects its counters would then hand out again.
         await trio.to_thread.run_sync(engine.meta.sync, limiter=engine.io_limiter)
-        await trio.to_thread.run_sync(engine.cold.put, checkpoint_name(seq), blob,
-                                      limiter=engine.s3_limiter, abandon_on_cancel=True)
+        try:
+            await trio.to_thread.run_sync(engine.cold.put, checkpoint_name(seq), blob,
+                                          limiter=engine.s3_limiter, abandon_on_cancel=True)
+        except BaseException:
+            self._unsure.append(seq)
+            raise
         self.kept.append(seq)
         old, self.kept = self.kept[:-self.keep], self.kept[-self.keep:]
+        old, self._unsure = old + self._unsure, []
         self._tell_gc()
         for s in old:
             await trio.to_thread.run_sync(engine.cold.delete, checkpoint_name(s),
