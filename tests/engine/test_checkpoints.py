@@ -8,7 +8,7 @@ from tierfs.checksum import object_matches
 from tierfs.errors import ColdStoreError
 from tierfs.meta import scan
 from tierfs.meta.schema import object_name
-from tierfs.tier.checkpoint import PREFIX
+from tierfs.tier.checkpoint import PREFIX, checkpoint_name
 from tierfs.tier.recover import recover
 
 from .harness import KiB, engine_stack, run, settle
@@ -62,4 +62,29 @@ def test_gc_keeps_what_a_checkpoint_whose_put_failed_may_name(tmp_path):
             for _ in range(3):
                 await s.gc.collect()
         assert unreadable_after_recovery(s.memory, str(tmp_path / "recovered")) == []
+    run(body)
+
+
+def test_a_checkpoint_that_landed_is_not_failed_by_its_pruning(tmp_path):
+    """Pruning the oldest checkpoint fails (a bucket that refuses deletes, an outage
+    right after the PUT): the new checkpoint is in the bucket all the same, so
+    checkpoint() succeeds (`sync --wait` and unmount rely on it); the old one is
+    still kept, and pruned once deletes work again."""
+    async def body():
+        async with engine_stack(tmp_path, extent_size=E, cache_size=8 * E, upload_delay=0,
+                                checkpoint_every=0, checkpoint_keep=1,
+                                retry_timeout=0.2) as s:
+            first = await s.checkpointer.checkpoint()
+            delete = s.memory.delete
+
+            def refused(key):
+                if key.startswith(PREFIX):
+                    raise ColdStoreError("AccessDenied: deletes are not allowed")
+                delete(key)
+            s.memory.delete = refused
+            second = await s.checkpointer.checkpoint()
+            assert s.memory.list(PREFIX) == [checkpoint_name(first), checkpoint_name(second)]
+            s.memory.delete = delete
+            third = await s.checkpointer.checkpoint()
+            assert s.memory.list(PREFIX) == [checkpoint_name(third)]
     run(body)

@@ -131,6 +131,25 @@ class Checkpointer:
                 self._in_flight = None
                 self._tell_gc()
 
+    async def _prune(self, seqs: list[int]) -> None:
+        """Delete these checkpoints from the bucket. One that cannot be deleted is
+        kept (gc keeps what it names) and pruned next time: this checkpoint landed,
+        and that is what its caller (`sync --wait`, unmount) needs to know."""
+        failed, error = [], None
+        for seq in seqs:
+            try:
+                await trio.to_thread.run_sync(self.engine.cold.delete, checkpoint_name(seq),
+                                              limiter=self.engine.s3_limiter,
+                                              abandon_on_cancel=True)
+            except ColdStoreError as e:
+                failed.append(seq)
+                error = e
+        if failed:
+            log.warning("pruning %d old metadata checkpoints failed (%s); will retry",
+                        len(failed), error)
+            self.kept = sorted(failed + self.kept)
+            self._tell_gc()
+
     async def _take(self, seq: int) -> int:
         """Copy the metadata, put it in the bucket, prune the oldest."""
         engine = self.engine
@@ -158,9 +177,7 @@ class Checkpointer:
         old, self.kept = self.kept[:-self.keep], self.kept[-self.keep:]
         old, self._unsure = old + self._unsure, []
         self._tell_gc()
-        for s in old:
-            await trio.to_thread.run_sync(engine.cold.delete, checkpoint_name(s),
-                                          limiter=engine.s3_limiter, abandon_on_cancel=True)
+        await self._prune(old)
         engine.stats.inc("checkpoints")
         log.info("metadata checkpoint %d: %d bytes in %.2fs", seq, len(db),
                  time.monotonic() - t0)
