@@ -65,6 +65,29 @@ def test_checkpoints_are_taken_and_pruned(s3m):
     assert ckpts[-1].endswith(f"{4:016x}")
 
 
+def test_a_bucket_refusing_to_delete_checkpoints_fails_neither_sync_nor_unmount(s3m, tmp_path):
+    """Deleting the oldest checkpoint fails (a bucket policy that denies deletes):
+    the new one is in the bucket all the same, so `sync --wait` and unmount say
+    so, and the old one is pruned once deletes work again."""
+    from tests.fuse.test_outage import set_faults
+    faults = str(tmp_path / "faults.json")
+    set_faults(faults, {})
+    m = s3m("--checkpoint-keep", "1", "--fault-file", faults)
+    write_file(m.path("a"), pattern(1000, 1))
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    set_faults(faults, {"refuse_deletes": ["meta/"]})
+    write_file(m.path("b"), pattern(1000, 2))
+    res = m.cli("sync", m.mountpoint, "--wait", "--timeout", "20")
+    assert res.returncode == 0, res.stderr
+    assert len(bucket_keys(m, "meta/ckpt-")) == 2
+    m.umount()  # exits 0: its final checkpoint landed
+    set_faults(faults, {})
+    m.start()
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    assert len(bucket_keys(m, "meta/ckpt-")) == 1
+    assert read_file(m.path("b")) == pattern(1000, 2)
+
+
 def test_gc_keeps_objects_of_kept_checkpoints(s3m):
     m = s3m("--checkpoint-keep", "2")
     write_file(m.path("old"), pattern(2 * MiB, 1))

@@ -20,6 +20,7 @@ class FaultyStore:
         self.hang_ops: set[str] = set()  # hang only these calls ("put", ...); empty: all
         self.latency_s = 0.0  # sleep before each call
         self.corrupt_keys: set[str] = set()  # get() on these flips one byte
+        self.refuse_deletes: tuple[str, ...] = ()  # delete() of keys with these prefixes fails
         self.calls: dict[str, int] = {}
         self._rng = random.Random(seed)
         self._lock = threading.Lock()  # Random and the counters are shared by threads
@@ -67,6 +68,8 @@ class FaultyStore:
 
     def delete(self, key: str) -> None:
         self._enter("delete")
+        if key.startswith(self.refuse_deletes):  # as a bucket whose policy denies deletes
+            raise ColdStoreError(f"access denied: deleting {key} is not allowed")
         self.inner.delete(key)
 
     def list(self, prefix: str = "") -> list[str]:
@@ -88,7 +91,7 @@ class FaultyStore:
 class ControlledFaults(FaultyStore):
     """A FaultyStore steered from another process through a JSON file, e.g.
     {"outage": true, "hang": true, "hang_ops": ["put"], "fail_rate": 0.2,
-     "latency_s": 0.01, "corrupt_keys": ["data/..."]}.
+     "latency_s": 0.01, "corrupt_keys": ["data/..."], "refuse_deletes": ["meta/"]}.
     The file is re-read when it changes (also while a call hangs, so clearing
     "hang" releases it); tests of a mounted daemon use it."""
 
@@ -129,3 +132,4 @@ class ControlledFaults(FaultyStore):
             self.fail_rate = float(conf.get("fail_rate", 0.0))
             self.latency_s = float(conf.get("latency_s", 0.0))
             self.corrupt_keys = set(conf.get("corrupt_keys", ()))
+            self.refuse_deletes = tuple(conf.get("refuse_deletes", ()))
