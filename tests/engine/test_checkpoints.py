@@ -61,7 +61,9 @@ def test_gc_keeps_what_a_checkpoint_whose_put_failed_may_name(tmp_path):
             await settle(s)
             for _ in range(3):
                 await s.gc.collect()
-        assert unreadable_after_recovery(s.memory, str(tmp_path / "recovered")) == []
+            assert unreadable_after_recovery(s.memory, str(tmp_path / "recovered")) == []
+            newer = await s.checkpointer.checkpoint()  # lands, and prunes the unsure one
+            assert s.memory.list(PREFIX) == [checkpoint_name(newer)]
     run(body)
 
 

@@ -131,6 +131,21 @@ class Checkpointer:
                 self._in_flight = None
                 self._tell_gc()
 
+    async def _landed_after_all(self) -> list[int]:
+        """Those of the unsure checkpoints that are in the bucket (one LIST, not a
+        DELETE for each of the many a long outage may leave), now that a newer one
+        landed; forgotten then. Kept unsure if the bucket cannot say."""
+        if not self._unsure:
+            return []
+        try:
+            there = set(await trio.to_thread.run_sync(
+                list_checkpoints, self.engine.cold, limiter=self.engine.s3_limiter,
+                abandon_on_cancel=True))
+        except ColdStoreError:
+            return []
+        landed, self._unsure = [s for s in self._unsure if s in there], []
+        return landed
+
     async def _prune(self, seqs: list[int]) -> None:
         """Delete these checkpoints from the bucket. One that cannot be deleted is
         kept (gc keeps what it names) and pruned next time: this checkpoint landed,
@@ -175,7 +190,7 @@ class Checkpointer:
             raise
         self.kept.append(seq)
         old, self.kept = self.kept[:-self.keep], self.kept[-self.keep:]
-        old, self._unsure = old + self._unsure, []
+        old += await self._landed_after_all()
         self._tell_gc()
         await self._prune(old)
         engine.stats.inc("checkpoints")
