@@ -99,7 +99,8 @@ def release(engine, ino: int) -> dict:
     for idx, ext in exts.items():
         if not ext.hot:
             continue
-        if ext.dirty or not ext.obj_id:
+        if ext.dirty or not ext.obj_id or (ino, idx) in engine.index.dirty:
+            # Still dirty here: uploaded, its clean record not durable yet (or written).
             out["dirty_kept"] += 1
             continue
         if ext.pinned:

@@ -23,6 +23,7 @@ from ..hot import HotStore, pagecache
 from ..meta import MetaStore, scan
 from ..meta.schema import DIRTY, HOT, Extent, object_name
 from .cache import HotIndex, Key
+from .meta_sync import MetaSync
 from .state import NodeState
 from .stats import Stats
 
@@ -105,6 +106,7 @@ class Engine:
         self.index = HotIndex()
         self.s3_limiter = trio.CapacityLimiter(s3_threads)
         self.io_limiter = trio.CapacityLimiter(io_threads)
+        self.meta_sync = MetaSync(meta, self.io_limiter)
         self._writeback_limiter = trio.CapacityLimiter(2)
         self._around_limiter = trio.CapacityLimiter(AROUND_INSTALL_THREADS)
         self.read_around = READ_AROUND  # bytes of a pack fetched around a miss (0: none)
@@ -1017,7 +1019,7 @@ class Engine:
             if failed:  # the caller's errno (ENOSPC stays ENOSPC), as fsync(2) gives it
                 raise FsError(failed[0].errno or errno.EIO,
                               f"hot tier fsync failed: {failed[0]}")
-        await trio.to_thread.run_sync(self.meta.sync, limiter=self.io_limiter)
+        await self.meta_sync.commits_so_far()
 
     def settle_held(self, ino: int, sizes: dict[int, int] | None = None) -> int:
         """Grow a file's recorded size to the end of the data in its extent files

@@ -184,7 +184,8 @@ class Uploader:
     async def _upload_one(self, key: Key) -> None:
         try:
             async with self.limit:
-                await self.upload(key)
+                done = await self.upload(key)
+            await self._now_clean(done)
         except (ColdStoreError, FsError) as e:  # the bucket, or a shared namespace's database
             self._failed(e, f"inode {key[0]} extent {key[1]}")
         except Exception as e:
@@ -196,7 +197,8 @@ class Uploader:
     async def _upload_pack(self, batch: list[Key]) -> None:
         try:
             async with self.limit, self.pack_limit:
-                await self.upload_pack(batch)
+                done = await self.upload_pack(batch)
+            await self._now_clean(done)
         except (ColdStoreError, FsError) as e:
             self._failed(e, f"a pack of {len(batch)} extents")
         except Exception as e:
@@ -204,6 +206,18 @@ class Uploader:
         finally:
             self.packs_out -= 1
             self._finished(batch)
+
+    async def _now_clean(self, done: list[tuple[Key, int]]) -> None:
+        """Uploaded extents (key, generation uploaded), their records committed clean,
+        become clean on the hot tier, and so evictable, once those commits are durable.
+        A hot copy dropped before that could be the only copy after a power cut, which
+        takes the records back to dirty and leaves the object named by none of them."""
+        if not done:
+            return
+        await self.engine.meta_sync.commits_so_far()
+        for key, gen in done:
+            self.engine.index.cleaned(key, gen)
+        self.space.uploaded()
 
     def _failed(self, e: Exception, what: str, unexpected: bool = False) -> None:
         """Count a failed upload and back off. `unexpected`: not the bucket's or the
@@ -230,7 +244,9 @@ class Uploader:
         self.changed = trio.Event()
         self.kick()  # a slot is free: hand out what waits for one
 
-    async def upload(self, key: Key) -> None:
+    async def upload(self, key: Key) -> list[tuple[Key, int]]:
+        """Upload one dirty extent as an object of its own; [(key, generation)] if its
+        record is now clean (for _now_clean), [] if not."""
         engine = self.engine
         ino, idx = key
         await self.ids_ready()
@@ -239,7 +255,7 @@ class Uploader:
         if fd is None:
             if got is not None:
                 self._lost(key, got[0])
-            return
+            return []
         gen, length = got
         obj_id = engine.meta.next_object_id()
         name = object_name(obj_id)
@@ -267,13 +283,12 @@ class Uploader:
             # Written, truncated or removed meanwhile: a stale copy nobody references.
             engine.meta.update(None, {}, unreferenced=[obj_id])
             engine.stats.inc("uploads_superseded")
-            return
+            return []
         new = replace(cur, flags=cur.flags & ~DIRTY, length=size, checksum=checksum,
                       obj_id=obj_id, obj_off=0, obj_len=size)
         engine.meta.update(None, {key: new},
                            [cur.ref] if cur.obj_id else [], [obj_id])
-        engine.index.cleaned(key, gen)
-        self.space.uploaded()
+        return [(key, gen)]
 
     async def _put(self, obj_id: int, nbytes: int, read_and_put):
         """Run read_and_put() (which reads, checksums and PUTs the `nbytes` of object
@@ -334,9 +349,10 @@ class Uploader:
             return None
         return info.gen, length
 
-    async def upload_pack(self, batch: list[Key]) -> None:
+    async def upload_pack(self, batch: list[Key]) -> list[tuple[Key, int]]:
         """Upload the dirty extents of `batch` as one object; commit, in one
-        transaction, those nobody wrote to meanwhile.
+        transaction, those nobody wrote to meanwhile, and return them with the
+        generation uploaded (for _now_clean).
 
         The worker thread opens each extent file when it reads it, one at a time: a
         pack may hold hundreds of thousands of tiny files, and a descriptor held per
@@ -353,7 +369,7 @@ class Uploader:
             if got is not None:
                 pieces.append((key, *got))
         if not pieces:
-            return
+            return []
         obj_id = engine.meta.next_object_id()
         name = object_name(obj_id)
         total = sum(length for _k, _g, length in pieces)
@@ -406,12 +422,10 @@ class Uploader:
             engine.meta.update(None, {}, unreferenced=[obj_id])
             engine.stats.inc("uploads_superseded")
             engine.stats.inc("packs_superseded")
-            return
+            return []
         engine.meta.update(None, changed, drops, [obj_id], packs={obj_id: (total, refs)})
         engine.stats.inc("packed_extents", len(done))
-        for key, gen in done:
-            engine.index.cleaned(key, gen)
-        self.space.uploaded()
+        return done
 
     async def flush(self, inos: set[int] | None) -> None:
         """Upload every dirty extent of `inos` (all if None) now and wait for it.
