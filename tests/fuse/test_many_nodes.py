@@ -19,6 +19,7 @@ from tests.fuse.test_tiering import status
 from tests.harness import read_file, wait_until, write_file
 from tests.moto_server import s3_env
 from tests.pg_server import pg_server
+from tierfs.meta import MetaStore, schema
 
 NODES = 3
 MiB = 1 << 20
@@ -693,3 +694,53 @@ def test_a_node_that_lost_its_cache_dir_mounts_again(nodes):
     # Fetched into the new hot tier: a reader has its bytes before the install ends.
     wait_until(lambda: _state(b.path("from-b"))["hot"] == 100_000, 30,
                "the fetched file to be installed in the new hot tier")
+
+
+def _gc_queue(m) -> set[int]:
+    """Object ids in a live node's own gc table (LMDB allows a second reader)."""
+    import lmdb
+    env = lmdb.open(os.path.join(m.cache_dir, "meta"), readonly=True, subdir=True,
+                    max_dbs=0)
+    try:
+        with env.begin() as txn:
+            return {schema.read_u64(k, 1) for k, _v in txn.cursor()
+                    if k[:1] == b"G"}
+    finally:
+        env.close()
+
+
+def test_an_object_a_file_names_again_is_not_deleted(mount_factory, s3_url, s3_endpoint,
+                                                     postgres):
+    """B holds a file open; A rewrites it (its objects go to gc); B then changes one
+    extent and closes, so the file is B's version again, whose other extent names
+    the object A's rewrite dropped. That object must leave every gc queue, the
+    shared one and A's own: deleting it loses the file's data."""
+    env = dict(os.environ, **s3_env(s3_endpoint))
+    url = postgres.new_schema()
+    args = ("--meta-url", url, "--session-timeout", "6", "--extent-size", "1M")
+    a = mount_factory(cold_url=s3_url, env=env, name="a", args=args)
+    b = mount_factory(cold_url=s3_url, env=env, name="b", args=args)
+    first = os.urandom(2 * MiB)
+    write_file(b.path("f"), first)
+    b.cli("sync", b.path("f"), "--wait", check=True)
+    assert read_file(a.path("f")) == first  # A's copy names B's objects
+    fd = os.open(b.path("f"), os.O_RDWR)
+    try:
+        write_file(a.path("f"), os.urandom(2 * MiB))  # O_TRUNC: A drops B's objects
+        a.cli("sync", a.path("f"), "--wait", check=True)
+        os.pwrite(fd, b"B", MiB + 10)
+    finally:
+        os.close(fd)  # B publishes its version: extent 0 names its first object again
+    b.cli("sync", b.path("f"), "--wait", check=True)
+    store = MetaStore(url)
+    try:
+        ino = os.stat(b.path("f")).st_ino
+        named = {e.obj_id for e in store.file_view(ino)[1].values() if e.obj_id}
+        shared_gc = {obj for obj, _epoch in store.gc_pending()}
+    finally:
+        store.close()
+    assert named and not named & shared_gc, "the shared gc would delete the file's data"
+    assert not named & _gc_queue(a), "A's own gc would delete the file's data"
+    want = bytearray(first)
+    want[MiB + 10] = ord("B")
+    assert read_file(a.path("f")) == bytes(want)

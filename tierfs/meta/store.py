@@ -109,6 +109,11 @@ class MetaStore:
         # Where a node's own LMDB gets object ids when the namespace is shared: from
         # the shared engine's blocks (SharedView), so ids stay unique across nodes.
         self.object_ids: Callable[[], int] | None = None
+        # A node's own LMDB on a shared namespace (SharedView): the objects it took ids
+        # for that no shared record names yet. Only those are its own gc's to delete;
+        # a published object is the shared gc's, which takes it once the change that
+        # drops it is published, and never if another node's record names it again.
+        self.private_objects: set[int] | None = None
         self.session: int | None = None  # this mount's session on a shared engine
         self._owner = b""  # what its orphan and upload-intent records say (schema: owner)
 
@@ -207,6 +212,8 @@ class MetaStore:
         with self._write() as txn:
             obj_id = reserved if reserved is not None else self._next(txn, b"obj")
             txn.put(s.intent_key(obj_id), self._owner)
+            if self.private_objects is not None:
+                self.private_objects.add(obj_id)
             return obj_id
 
     @_transaction
@@ -266,6 +273,10 @@ class MetaStore:
             obj_id, size = obj if isinstance(obj, tuple) else (obj, 0)
             if referenced and txn.get(s.pack_key(obj_id)) is not None:
                 raise ValueError(f"object {obj_id} is a pack: drop its references one by one")
+        if self.private_objects is not None:
+            if referenced and obj_id not in self.private_objects:
+                return  # published: the shared namespace's gc decides
+            self.private_objects.discard(obj_id)
         now = not referenced or obj_id in self._fresh
         self._fresh.discard(obj_id)
         txn.put(s.gc_key(obj_id), s.u64(0 if now else self.epoch) + s.u64(size))
@@ -994,12 +1005,20 @@ class MetaStore:
         out = []
         with self._write() as txn:
             found = self.kv.scan_many(txn, [r for f in files for r in self._file_ranges(f.ino)])
+            named: set[int] = set()  # objects records name that they did not before
             for i, f in enumerate(files):
                 rows, old_exts, helds = found[3 * i:3 * i + 3]
                 out.append(bool(rows))
                 if rows:
-                    self._publish_one(txn, f, Inode.decode(f.ino, rows[0][1]), old_exts,
-                                      helds, holder, node_name)
+                    named |= self._publish_one(txn, f, Inode.decode(f.ino, rows[0][1]),
+                                               old_exts, helds, holder, node_name)
+            # A node publishing its copy of a file opened before another node rewrote
+            # it names objects that rewrite dropped: they leave the gc queue again.
+            named_ids = sorted(named)
+            queued = self.kv.get_many(txn, [s.gc_key(i) for i in named_ids]) if named else []
+            for obj_id, raw in zip(named_ids, queued):
+                if raw is not None:
+                    txn.delete(s.gc_key(obj_id))
         return out
 
     def _file_ranges(self, ino: int) -> list[tuple[bytes, bytes]]:
@@ -1007,7 +1026,8 @@ class MetaStore:
         return self._inode_ranges([ino]) + [(held, prefix_end(held))]
 
     def _publish_one(self, txn, f: Published, node: Inode, old_exts, helds, holder: int,
-                     node_name: str) -> None:
+                     node_name: str) -> set[int]:
+        """Publish one file; returns the objects its records name that they did not."""
         node.size, node.mtime_ns = f.size, f.mtime_ns
         node.ctime_ns = max(node.ctime_ns, f.ctime_ns)
         txn.put(s.inode_key(f.ino), node.encode())
@@ -1018,9 +1038,12 @@ class MetaStore:
                 self._drop_object(txn, ext.ref)
             if new is None:
                 txn.delete(s.extent_key(f.ino, idx))
+        named = set()
         for idx, new in f.extents.items():
             if old.get(idx) != new:
                 txn.put(s.extent_key(f.ino, idx), new.encode())
+                if new.obj_id and (idx not in old or old[idx].obj_id != new.obj_id):
+                    named.add(new.obj_id)
         mine = s.held_key(f.ino, holder)
         value = s.u64(f.held_bytes) + node_name.encode()
         held = f.held_bytes or any(e.dirty for e in f.extents.values())
@@ -1029,6 +1052,7 @@ class MetaStore:
                 txn.delete(key)
         if held and (mine, value) not in helds:
             txn.put(mine, value)
+        return named
 
     @_transaction
     def take_view(self, node: Inode, extents: dict[tuple[int, int], Extent | None],

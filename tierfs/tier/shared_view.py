@@ -62,6 +62,7 @@ class SharedView:
         self._ids: deque[int] = deque()
         self._ids_lock = trio.Lock()
         self.local.object_ids = self._object_id
+        self.local.private_objects = set()  # deleted by this node's gc only until published
         self.hurry = lambda ino: None  # upload a closed file's data now (the uploader)
 
     async def call(self, fn, *args):
@@ -249,6 +250,9 @@ class SharedView:
             alive = await self.call(self.shared.publish, [p for _g, _d, p in snaps],
                                     self.sid, self.node)
             for (gen, dirty, pub), ok in zip(snaps, alive):
+                if ok:  # named by shared records now: the shared gc's to delete
+                    self.local.private_objects.difference_update(
+                        e.obj_id for e in pub.extents.values())
                 if not ok:
                     self.forget(pub.ino)
                 elif dirty:
