@@ -250,6 +250,7 @@ class Daemon:
         self.ops.changes.note(inodes, entries, everything)
         if everything:
             inodes = {pyfuse3.ROOT_INODE, *self.ops.lookups}
+            entries = self.ops.held_names()
         missed = self._invalidate(inodes, entries)
         if missed:
             # Counted as looked up, but not in the kernel yet: a lookup's answer on

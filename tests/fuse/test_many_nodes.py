@@ -744,3 +744,45 @@ def test_an_object_a_file_names_again_is_not_deleted(mount_factory, s3_url, s3_e
     want = bytearray(first)
     want[MiB + 10] = ord("B")
     assert read_file(a.path("f")) == bytes(want)
+
+
+def _feed_backend(postgres, m, listening: bool = False) -> int | None:
+    """The server process of a node's change feed connection (LISTEN done, if asked)."""
+    import psycopg
+    with psycopg.connect(postgres.url("postgres"), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name LIKE %s"
+            " AND (NOT %s OR (state = 'idle' AND query LIKE 'LISTEN%%'))",
+            (f"tierfs feed % pid {m.pid}", listening)).fetchone()
+    return row[0] if row else None
+
+
+def test_names_changed_while_the_feed_was_away_are_not_kept(nodes, postgres):
+    """B's change feed loses its connection and cannot come back at once; meanwhile A
+    replaces a file B has looked up (rename over it, as an atomic update does). Once
+    the feed is back, B's kernel must not keep the old name for --attr-timeout: it
+    opens the new file, not the one the name used to be."""
+    a, b, _c = nodes
+    write_file(a.path("f"), b"old")
+    write_file(a.path("f.tmp"), b"new")
+    write_file(a.path("g"), b"g")
+    assert read_file(b.path("f")) == b"old"  # B's kernel holds the name f
+    assert os.stat(b.path("g")).st_size == 1
+    os.stat(a.path("f.tmp"))  # A's pooled connections stay open for its rename
+    feed = _feed_backend(postgres, b)
+    assert feed is not None
+    postgres.sql("ALTER DATABASE tierfs ALLOW_CONNECTIONS false", "postgres")
+    try:
+        postgres.sql(f"SELECT pg_terminate_backend({feed})", "postgres")
+        wait_until(lambda: "change feed lost its connection" in b.log(), 30,
+                   "B's feed to notice its connection is gone")
+        os.rename(a.path("f.tmp"), a.path("f"))  # no notification reaches B
+    finally:
+        postgres.sql("ALTER DATABASE tierfs ALLOW_CONNECTIONS true", "postgres")
+    wait_until(lambda: _feed_backend(postgres, b, listening=True), 30, "B's feed back")
+    # A later change B hears of: by then B has handled the feed's return as well.
+    write_file(a.path("g"), b"gg")
+    wait_until(lambda: os.stat(b.path("g")).st_size == 2, 30, "B to hear of g")
+    assert os.stat(b.path("f")).st_ino == os.stat(a.path("f")).st_ino
+    assert read_file(b.path("f")) == b"new"
+    b.allowed_log.append("change feed lost its connection")

@@ -44,6 +44,10 @@ class SharedOperations(Operations):
         # (size, mtime) of each inode as last answered to the kernel for it to cache:
         # an open that pulled those very attributes need not have the kernel drop them.
         self.answered: dict[int, tuple[int, int]] = {}
+        # The names the kernel was given for each inode it holds: when the change feed
+        # lost notifications ("everything"), those names go as well as the attributes.
+        # Tuples are replaced, never changed: the feed's thread reads them.
+        self.names: dict[int, tuple[tuple[int, bytes], ...]] = {}
 
     def _answer(self, seq: int, entry: pyfuse3.EntryAttributes,
                 name: tuple[int, bytes] | None = None, note: bool = True
@@ -54,6 +58,8 @@ class SharedOperations(Operations):
         first, so a notification after this check finds the inode and invalidates.
         `note`: the answer surely reaches the kernel (see `answered`)."""
         self._looked_up(entry.st_ino)
+        if name is not None and name not in self.names.get(entry.st_ino, ()):
+            self.names[entry.st_ino] = self.names.get(entry.st_ino, ()) + (name,)
         if self.changes.since(seq, entry.st_ino, name):
             entry.entry_timeout = entry.attr_timeout = 0
             self.answered.pop(entry.st_ino, None)
@@ -65,6 +71,16 @@ class SharedOperations(Operations):
 
     def _note_answer(self, entry: pyfuse3.EntryAttributes) -> None:
         self.answered[entry.st_ino] = (entry.st_size, entry.st_mtime_ns)
+
+    def _unlooked(self, ino: int, n: int = 1) -> bool:
+        gone = super()._unlooked(ino, n)
+        if gone:
+            self.names.pop(ino, None)
+        return gone
+
+    def held_names(self) -> set[tuple[int, bytes]]:
+        """Every (directory, name) the kernel may hold (called from the feed's thread)."""
+        return {name for names in list(self.names.values()) for name in names}
 
     # ---- attributes ---------------------------------------------------------------
     def _shared_entry(self, found) -> pyfuse3.EntryAttributes:
