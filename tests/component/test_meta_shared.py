@@ -359,6 +359,24 @@ def test_a_session_is_ended_only_while_it_is_still_stale(nodes):
     assert [x.node for x in b.sessions()] == ["node-b"]
 
 
+def test_a_node_whose_clock_runs_behind_keeps_its_session(nodes, monkeypatch):
+    """Heartbeats are judged on one clock, the database's: a node whose own clock runs
+    two minutes behind (no NTP on it) beats its heart on time, and another node does
+    not end its session as expired (which would purge the files it holds open and
+    fence it)."""
+    from tierfs.meta import store as store_module
+    a, b = nodes[0], nodes[1]
+    real_now = store_module.now_ns
+    monkeypatch.setattr(store_module, "now_ns", lambda: real_now() - 120 * 10**9)
+    sa = a.open_session("node-a", 1, "/mnt/a")  # on a's clock
+    a.heartbeat()
+    monkeypatch.setattr(store_module, "now_ns", real_now)  # b's clock is right
+    b.open_session("node-b", 2, "/mnt/b")
+    assert b.expired_sessions(30) == []
+    assert b.end_session(sa, stale_s=30, decide_by=time.monotonic() + 60) is None
+    a.heartbeat()  # still a's session
+
+
 class Seen:
     """Collects what a store's change feed reports, for waiting on."""
 

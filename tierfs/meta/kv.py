@@ -25,6 +25,9 @@ An engine provides:
   scan_many(txn, ranges, values=True)
                           scan() of each (start, end) of disjoint ranges, as a list per
                           range; one statement (one round trip, one snapshot) on PostgreSQL
+  now_ns(txn)             the engine's clock, in ns since the epoch: on a shared engine
+                          the database server's, so nodes whose clocks differ agree on
+                          how old a heartbeat is
   sync()                  committed transactions survive power loss (blocking)
   close()
   reading_in_thread()     context manager around a worker thread's long reads

@@ -10,6 +10,7 @@ import errno
 import functools
 import logging
 import os
+import time
 from typing import Iterator
 
 import lmdb
@@ -84,6 +85,10 @@ class LmdbKV:
 
     def scan_many(self, txn, ranges, values: bool = True) -> list[list]:
         return [list(self.scan(txn, start, end, values)) for start, end in ranges]
+
+    @staticmethod
+    def now_ns(txn) -> int:
+        return time.time_ns()
 
     def listen(self, on_change) -> None:
         """One node: nothing changes behind its back."""

@@ -330,6 +330,13 @@ class PostgresKV:
             out[i].append((row[0], row[1] if values else None))
         return out
 
+    @staticmethod
+    def now_ns(txn) -> int:
+        """The server's clock: one clock for every node's heartbeats."""
+        row = txn.cur.execute(
+            "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint").fetchone()
+        return row[0] * 1000
+
     # ---- the rest of the engine interface ------------------------------------
     def reading_in_thread(self):
         return contextlib.nullcontext()

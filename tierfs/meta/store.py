@@ -835,9 +835,10 @@ class MetaStore:
     # ---- sessions (a shared engine: one per mount) ---------------------------------
     @_transaction
     def open_session(self, node: str, pid: int, mountpoint: str) -> int:
-        """Register this mount; its orphans and upload intents are recorded as its own."""
-        t = now_ns()
+        """Register this mount; its orphans and upload intents are recorded as its own.
+        Session times are the engine's clock (the database server's), not this node's."""
         with self._write() as txn:
+            t = self.kv.now_ns(txn)
             raw = txn.get(s.counter_key(b"session"))
             sid = s.read_u64(raw) if raw else 1
             txn.put(s.counter_key(b"session"), s.u64(sid + 1))
@@ -853,7 +854,7 @@ class MetaStore:
             if raw is None:
                 raise SessionLost(f"session {self.session} was ended by another node")
             session = Session.decode(self.session, raw)
-            session.heartbeat_ns = now_ns()
+            session.heartbeat_ns = self.kv.now_ns(txn)
             txn.put(s.session_key(self.session), session.encode())
 
     @_reads
@@ -861,10 +862,13 @@ class MetaStore:
         with self._read() as txn:
             return [Session.decode(s.read_u64(k, 1), v) for k, v in self._scan(txn, b"N")]
 
+    @_reads
     def expired_sessions(self, timeout_s: float) -> list[Session]:
         """Other sessions whose last heartbeat is older than `timeout_s`."""
-        oldest = now_ns() - int(timeout_s * 1e9)
-        return [x for x in self.sessions() if x.heartbeat_ns < oldest and x.sid != self.session]
+        with self._read() as txn:
+            oldest = self.kv.now_ns(txn) - int(timeout_s * 1e9)
+            found = [Session.decode(s.read_u64(k, 1), v) for k, v in self._scan(txn, b"N")]
+        return [x for x in found if x.heartbeat_ns < oldest and x.sid != self.session]
 
     @_transaction
     def end_session(self, sid: int, *, stale_s: float | None = None,
@@ -884,7 +888,8 @@ class MetaStore:
             if stale_s is not None:
                 raw = txn.get(s.session_key(sid))
                 if (raw is None or (decide_by is not None and time.monotonic() > decide_by)
-                        or Session.decode(sid, raw).heartbeat_ns >= now_ns() - int(stale_s * 1e9)):
+                        or Session.decode(sid, raw).heartbeat_ns
+                        >= self.kv.now_ns(txn) - int(stale_s * 1e9)):
                     return None
             orphans = [s.read_u64(k, 1) for k, v in self._scan(txn, b"O") if v == owner]
             intents = [s.read_u64(k, 1) for k, v in self._scan(txn, b"U") if v == owner]
