@@ -786,3 +786,26 @@ def test_names_changed_while_the_feed_was_away_are_not_kept(nodes, postgres):
     assert os.stat(b.path("f")).st_ino == os.stat(a.path("f")).st_ino
     assert read_file(b.path("f")) == b"new"
     b.allowed_log.append("change feed lost its connection")
+
+
+def test_a_feed_whose_server_stops_answering_comes_back(mount_factory, s3_url, s3_endpoint,
+                                                        postgres):
+    """B's change feed connection stays open but nothing comes through it any more
+    (its server process stuck; a firewall or NAT that dropped the idle connection
+    does the same). B must notice and listen again, not stay deaf for good while
+    the kernel caches what it was told (here for an hour)."""
+    env = dict(os.environ, **s3_env(s3_endpoint))
+    args = ("--meta-url", postgres.new_schema(), "--meta-timeout", "2",
+            "--attr-timeout", "3600")
+    a = mount_factory(cold_url=s3_url, env=env, name="a", args=args)
+    write_file(a.path("g"), b"g")
+    # B starts after that change: no notification of it can race B's lookup (which
+    # would answer the kernel uncached), so B's kernel holds g's size for the hour.
+    b = mount_factory(cold_url=s3_url, env=env, name="b", args=args)
+    wait_until(lambda: _feed_backend(postgres, b, listening=True), 30, "B's feed")
+    assert os.stat(b.path("g")).st_size == 1
+    with postgres.frozen_backends(feed_connection(b)):
+        write_file(a.path("g"), b"gg")
+        wait_until(lambda: os.stat(b.path("g")).st_size == 2, 60,
+                   "B's feed to listen again and drop what B's kernel caches")
+    b.allowed_log.append("change feed lost its connection")

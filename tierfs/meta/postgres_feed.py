@@ -15,6 +15,7 @@ import json
 import logging
 import secrets
 import threading
+import time
 from dataclasses import dataclass, field
 
 from . import schema as s
@@ -23,6 +24,10 @@ from .kv import first_line
 log = logging.getLogger("tierfs.meta")
 
 PAYLOAD_MAX = 7900  # pg_notify refuses 8000 bytes and more
+# Seconds between the listener's own statements: waiting for notifications sends
+# nothing, so a connection that stopped carrying anything (a server process stuck, a
+# firewall or NAT that dropped it while idle) would look quiet for ever.
+PING_S = 10.0
 
 
 @dataclass
@@ -94,9 +99,15 @@ class Listener:
                     self._tell(set(), set(), True)
                     self.listening.set()
                     lost = False
+                    ping_due = time.monotonic() + PING_S
                     while not self._stop.is_set():
                         for note in conn.notifies(timeout=0.5):
                             self._deliver(note.payload)
+                        if time.monotonic() >= ping_due:
+                            # Answered within the engine's bound, or the connection is
+                            # cut (NoAnswer): then listen again on a new one.
+                            conn.execute("SELECT 1")
+                            ping_due = time.monotonic() + PING_S
             except self._psycopg.OperationalError as e:
                 if not lost:
                     log.warning("metadata change feed lost its connection (%s); "
