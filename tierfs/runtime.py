@@ -199,6 +199,7 @@ class Daemon:
         if self.shared:
             self.ops = SharedOperations(self.shared, self.view, self.engine,
                                         timeout=cfg.attr_timeout, control=self.control)
+            self.tasks.append(self.ops.forget_purged)
         else:
             self.ops = Operations(self.meta, self.engine, timeout=cfg.attr_timeout,
                                   control=self.control)
@@ -248,6 +249,7 @@ class Daemon:
         attributes and names of them go, so stat and lookups ask again. Noted first,
         for lookups still reading (SharedOperations._answer)."""
         self.ops.changes.note(inodes, entries, everything)
+        self.ops.changed_elsewhere(inodes)
         if everything:
             inodes = {pyfuse3.ROOT_INODE, *self.ops.lookups}
             entries = self.ops.held_names()

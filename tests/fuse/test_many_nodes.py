@@ -809,3 +809,31 @@ def test_a_feed_whose_server_stops_answering_comes_back(mount_factory, s3_url, s
         wait_until(lambda: os.stat(b.path("g")).st_size == 2, 60,
                    "B's feed to listen again and drop what B's kernel caches")
     b.allowed_log.append("change feed lost its connection")
+
+
+def _local_records(m, ino: int) -> list[bytes]:
+    """The keys a live node's own LMDB holds for an inode (its record, its extents)."""
+    import lmdb
+    env = lmdb.open(os.path.join(m.cache_dir, "meta"), readonly=True, subdir=True,
+                    max_dbs=0)
+    try:
+        with env.begin() as txn:
+            return [k for k, _v in txn.cursor() if k == schema.inode_key(ino)
+                    or k.startswith(schema.extent_prefix(ino))]
+    finally:
+        env.close()
+
+
+def test_a_file_purged_by_another_node_leaves_no_copy_here(nodes):
+    """B read a file (its records and a hot copy are in B's cache dir); A removes it.
+    B's copy goes too: records and hot copies of files gone from the namespace must
+    not pile up on every node that once read them."""
+    a, b, _c = nodes
+    data = os.urandom(MiB)
+    write_file(a.path("f"), data)
+    assert read_file(b.path("f")) == data
+    ino = os.stat(b.path("f")).st_ino
+    assert _local_records(b, ino) and status(b)["hot_extents"] == 1
+    os.unlink(a.path("f"))
+    wait_until(lambda: not _local_records(b, ino), 30, "B to drop its copy of the file")
+    assert status(b)["hot_extents"] == 0

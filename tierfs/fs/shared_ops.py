@@ -12,6 +12,7 @@ import errno
 import logging
 import os
 import stat
+import threading
 import time
 
 import pyfuse3
@@ -48,6 +49,14 @@ class SharedOperations(Operations):
         # lost notifications ("everything"), those names go as well as the attributes.
         # Tuples are replaced, never changed: the feed's thread reads them.
         self.names: dict[int, tuple[tuple[int, bytes], ...]] = {}
+        # Inodes the change feed named (another node changed them), for forget_purged():
+        # if one is gone from the namespace, this node's copy of it goes too. Filled by
+        # the feed's thread, under the lock.
+        self._elsewhere: set[int] = set()
+        self._elsewhere_lock = threading.Lock()
+        self._elsewhere_told = trio.Event()
+        self._token: trio.lowlevel.TrioToken | None = None
+        self.purged_elsewhere: set[int] = set()  # still in use here: dropped at release
 
     def _answer(self, seq: int, entry: pyfuse3.EntryAttributes,
                 name: tuple[int, bytes] | None = None, note: bool = True
@@ -197,6 +206,12 @@ class SharedOperations(Operations):
             return
         self.view.kernel_told(ino)  # the kernel let go: it caches nothing of it
         self.answered.pop(ino, None)
+        if ino in self.purged_elsewhere:
+            self.purged_elsewhere.discard(ino)
+            self.maybe_orphans.discard(ino)
+            if ino not in self.view.unpublished:
+                self.view.forget(ino)
+            return
         if ino in self.maybe_orphans:
             self.maybe_orphans.discard(ino)
             try:
@@ -205,6 +220,50 @@ class SharedOperations(Operations):
             except FsError as e:  # the database is away: the session's end purges it
                 log.warning("could not purge unlinked inode %d (%s); it goes when this "
                             "mount's session ends", ino, e)
+
+    # ---- files other nodes purged -------------------------------------------------
+    def changed_elsewhere(self, inodes) -> None:
+        """The change feed's thread: other nodes changed these inodes."""
+        with self._elsewhere_lock:
+            self._elsewhere.update(inodes)
+        if self._token is not None:
+            try:
+                self._token.run_sync_soon(lambda: self._elsewhere_told.set())
+            except trio.RunFinishedError:
+                pass  # the daemon is ending: nothing left to forget
+
+    async def forget_purged(self) -> None:
+        """Drop this node's records and hot copies of files another node purged (the
+        feed named them; the namespace no longer has them), at once or, if this node
+        still uses one, when it lets go. Only inodes this node holds a copy of cost a
+        database read."""
+        self._token = trio.lowlevel.current_trio_token()
+        while True:
+            await self._elsewhere_told.wait()
+            self._elsewhere_told = trio.Event()
+            with self._elsewhere_lock:
+                inos, self._elsewhere = self._elsewhere, set()
+            held = sorted(i for i in inos if self._holds_copy(i))
+            if not held:
+                continue
+            try:
+                alive = await self.call(self.ns.existing, held)
+            except FsError:
+                continue  # the database is away: the copies stay (they are only space)
+            for ino in held:
+                if ino in alive or ino in self.view.unpublished:
+                    continue  # a push of this node's change finds it gone and forgets it
+                if self._in_use(ino):
+                    self.purged_elsewhere.add(ino)
+                else:
+                    self.view.forget(ino)
+
+    def _holds_copy(self, ino: int) -> bool:
+        try:
+            self.meta.get_inode(ino)
+        except FsError:
+            return False
+        return True
 
     # ---- files ----------------------------------------------------------------------
     @_guard

@@ -975,6 +975,13 @@ class MetaStore:
         return node, parent, [(c, n, found) for (c, n, _i), found in zip(page, files)
                               if found[0] is not None]
 
+    @_reads
+    def existing(self, inos: list[int]) -> set[int]:
+        """Which of these inodes exist."""
+        with self._peek() as txn:
+            raws = self.kv.get_many(txn, [s.inode_key(i) for i in inos])
+        return {i for i, raw in zip(inos, raws) if raw is not None}
+
     @_transaction
     def modify_inode(self, ino: int, change: Callable[[Inode], None]) -> Inode:
         """change(inode) applied to the record in one transaction (it may run twice:
