@@ -837,3 +837,29 @@ def test_a_file_purged_by_another_node_leaves_no_copy_here(nodes):
     os.unlink(a.path("f"))
     wait_until(lambda: not _local_records(b, ino), 30, "B to drop its copy of the file")
     assert status(b)["hot_extents"] == 0
+
+
+def test_a_close_that_could_not_publish_is_published_once_the_database_is_back(
+        own_postgres, mount_factory, s3_url, s3_endpoint):
+    """A's close() meets a database that does not answer: EIO, the file's new size
+    is not published. Once the database answers again A publishes it by itself, so B
+    sees what A closed, not the empty file, without waiting for A's next close,
+    upload (an hour away here) or mount."""
+    env = dict(os.environ, **s3_env(s3_endpoint))
+    args = ("--meta-url", own_postgres.new_schema(), "--meta-timeout", "2",
+            "--upload-delay", "3600")
+    a = mount_factory(cold_url=s3_url, env=env, name="a", args=args)
+    b = mount_factory(cold_url=s3_url, env=env, name="b", args=args)
+    a.allowed_log.append(DATABASE_AWAY)
+    data = os.urandom(100_000)
+    f = open(a.path("f"), "wb")
+    f.write(data)
+    f.flush()
+    own_postgres.pause()
+    try:
+        with pytest.raises(OSError) as closing:
+            f.close()
+        assert closing.value.errno == errno.EIO
+    finally:
+        own_postgres.resume()
+    wait_until(lambda: _reads(b.path("f")) == data, 60, "A's closed file to reach B")

@@ -247,8 +247,15 @@ class SharedView:
             snaps = [snap for snap in map(self._snapshot, inos) if snap is not None]
             if not snaps:
                 return
-            alive = await self.call(self.shared.publish, [p for _g, _d, p in snaps],
-                                    self.sid, self.node)
+            try:
+                alive = await self.call(self.shared.publish, [p for _g, _d, p in snaps],
+                                        self.sid, self.node)
+            except FsError:
+                # The database is away: run() publishes them once it is back, not only
+                # this node's next close, upload or mount.
+                self._due.update(p.ino for _g, _d, p in snaps)
+                self._wake.set()
+                raise
             for (gen, dirty, pub), ok in zip(snaps, alive):
                 if ok:  # named by shared records now: the shared gc's to delete
                     self.local.private_objects.difference_update(
