@@ -13,7 +13,7 @@ from tierfs.errors import FsError
 from tierfs.meta.schema import object_name
 from tierfs.tier import actions
 
-from .harness import KiB, engine_stack, run, until
+from .harness import KiB, engine_stack, run, settle, until
 
 E = 64 * KiB
 
@@ -108,3 +108,27 @@ def test_scrub_during_an_outage_calls_no_object_damaged(tmp_path):
             s.faulty.outage = False
 
     run(scenario)
+
+
+def test_gc_failing_pass_after_pass_warns_once_until_it_works_again(tmp_path):
+    """A bucket that refuses deletes fails every gc pass (every 50 ms here): one
+    warning for all of them, not one per pass, and the objects go once it allows
+    deletes again."""
+    async def body():
+        async with engine_stack(tmp_path, extent_size=E, cache_size=16 * E, upload_delay=0,
+                                checkpoint_every=0) as s:
+            s.faulty.refuse_deletes = ("data/",)
+            ino = s.create()
+            await s.engine.write(ino, 0, b"A" * E)
+            await settle(s)
+            await s.engine.write(ino, 0, b"B" * E)  # drops the first object
+            await settle(s)
+            await until(lambda: s.faulty.calls.get("delete", 0) >= 5,
+                        what="gc to fail five passes")
+            warned = [r for r in s.logs.records if "gc: deleting objects failed" in r.getMessage()]
+            assert len(warned) == 1, [r.getMessage() for r in warned]
+            s.faulty.refuse_deletes = ()
+            await until(lambda: s.memory.list("data/") == [object_name(s.record(ino, 0).obj_id)],
+                        what="gc to delete the dropped object")
+
+    run(body)

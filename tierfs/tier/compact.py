@@ -23,6 +23,7 @@ from ..checksum import object_matches
 from ..errors import ColdStoreError, FsError, ObjectNotFound
 from ..meta import scan
 from ..meta.schema import Ref, object_name
+from .failure_log import FailureLog
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ class Compactor:
         self.interval = interval
         self.paused = lambda: False  # e.g. while this node is fenced off
         self.stuck: set[int] = set()  # packs with a damaged piece: not retried until remount
+        self.failures = FailureLog(log, "compaction")
 
     async def run(self) -> None:
         if not self.rate or self.dead_share >= 1:
@@ -102,9 +104,10 @@ class Compactor:
         except BaseException as e:
             engine.meta.update(None, {}, unreferenced=[new_id])
             if isinstance(e, ColdStoreError):
-                log.warning("compaction of %d packs failed (%s); will retry", len(picked), e)
+                self.failures.failed(e)
                 return 0
             raise
+        self.failures.worked()
         read = {(obj_id, ref.offset) for (obj_id, ref), _e, _at in pieces}
         self.stuck |= {obj_id for obj_id, live in picked
                        if any((obj_id, ref.offset) not in read for ref, _e in live)}

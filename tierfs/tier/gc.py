@@ -13,6 +13,7 @@ import trio
 
 from ..errors import ColdStoreError, FsError
 from ..meta.schema import object_name
+from .failure_log import FailureLog
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ class GarbageCollector:
         # Blocking lease check before deleting: a node taken over must not delete
         # objects that the new holder's metadata still references.
         self.still_ours = lambda: True
+        self.delete_failures = FailureLog(log, "gc: deleting objects")
 
     async def run(self) -> None:
         failing = False
@@ -90,10 +92,11 @@ class GarbageCollector:
             deleted = await trio.to_thread.run_sync(delete_all, limiter=self.engine.s3_limiter,
                                                     abandon_on_cancel=True)
         except ColdStoreError as e:
-            log.warning("gc: deleting objects failed (%s); will retry", e)
+            self.delete_failures.failed(e)
             return 0
         if not deleted:
             return 0
+        self.delete_failures.worked()
         await self._call(meta.gc_done, ids)
         for obj_id in ids:
             self._seen.pop(obj_id, None)
