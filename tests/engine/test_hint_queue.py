@@ -68,3 +68,35 @@ def test_a_long_list_of_hot_files_is_skipped_with_the_loop_free_between_passes(t
     # Skipping is a pass of SKIPS_PER_PASS files at a time: any other request of the
     # mount waits for one pass at most, not for the whole list.
     assert steps.steps["hints"] >= passes
+
+
+def test_a_full_no_replace_tier_gets_no_hinted_file_it_would_not_keep(tmp_path):
+    """Under no-replace a full hot tier keeps no fetched file. A hinted prefetch then
+    fetched each file all the same and threw its bytes away: a data set larger than
+    the tier came from the bucket twice an epoch (once for the hint, once for the
+    loader's read). Now the hinted files are not fetched while nothing would keep them."""
+    async def scenario():
+        async with engine_stack(tmp_path, extent_size=E, cache_size=4 * E, upload_delay=0,
+                                checkpoint_every=0) as s:
+            cold = []
+            for _ in range(8):
+                ino = s.create()
+                await s.engine.write(ino, 0, b"c" * E)
+                await s.uploader.flush({ino})
+                s.evict_all()
+                cold.append(ino)
+            for _ in range(4):  # the tier's first fill: clean, hot, and kept
+                ino = s.create()
+                await s.engine.write(ino, 0, b"h" * E)
+                await s.uploader.flush({ino})
+            s.space.policy = "no-replace"
+            assert s.space._over(E) > 0, s.describe_space()
+            gets = s.engine.stats.snapshot().get("cold_reads", 0)
+            q = HintQueue(s.engine)
+            s.nursery.start_soon(q.run)
+            q.add(cold, replace=True)
+            await until(lambda: not q.queued and not q.in_flight, 10, "the hint list done")
+            assert s.engine.stats.snapshot().get("cold_reads", 0) == gets, (
+                "hinted files fetched from the bucket though the tier keeps none of them")
+            assert not any(s.engine.index.extents_of(ino) for ino in cold)
+    run(scenario)

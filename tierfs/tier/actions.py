@@ -12,14 +12,19 @@ from ..meta.schema import DIRTY, HOT, PINNED
 async def prefetch(engine, ino: int, parallel: int = 8, for_write: bool = True,
                    wanted=None) -> None:
     """Bring every extent of a file hot (callers count bytes with hot_bytes()).
-    for_write=False lets the cache policy decline (hints under no-replace). No
+    for_write=False lets the cache policy decline (hints under no-replace): an extent
+    the policy would not keep now is not fetched at all. No
     neighbours are read around it, except the extents of `wanted` files (inode ->
     bool: asked for in the same request or hint list) packed next to it."""
     exts = engine.meta.all_extents(ino)
+    size = engine.meta.get_inode(ino).size
     limiter = trio.CapacityLimiter(max(1, parallel))
 
     async def one(idx: int) -> None:
         async with limiter:
+            length = min(engine.E, max(0, size - idx * engine.E))
+            if not for_write and engine.space is not None and not engine.space.keeps_fetch(length):
+                return  # the policy would drop the bytes: a GET for nothing
             await engine.fetch(ino, idx, for_write=for_write, around=False, wanted=wanted)
 
     try:

@@ -228,6 +228,11 @@ class Space:
         self.reserved += n
         return True
 
+    def keeps_fetch(self, n: int) -> bool:
+        """Would a fetch of `n` bytes for a read be kept hot now? (admit_fetch's answer,
+        without its evictions: no-replace keeps one only while there is room.)"""
+        return self.policy != "no-replace" or self._over(n) <= 0
+
     def release(self, n: int) -> None:
         """An admitted fetch is installed (or failed): its room is evictable again."""
         self.reserved -= n
