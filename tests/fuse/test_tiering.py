@@ -442,3 +442,25 @@ def test_sync_wait_of_a_large_tree_waits_for_every_part_of_it(mount_factory, mon
     assert status(m)["counters"]["control_requests:sync"] == 3  # 5 files, 2 a request
     assert status(m, m.path("ds"))["directory"]["dirty"] == 0
     assert status(m, m.path("other"))["file"]["dirty"] == len(b"elsewhere")
+
+
+def test_pin_of_a_file_larger_than_the_hot_tier_says_so_and_pins_nothing(mount_factory):
+    """A file larger than the hot tier cannot be kept hot. `tierfs pin` of one used to
+    say "pinned 1 file (12 extents changed)", exit 0, and pin every extent, the cold
+    ones too: the hot copies it could hold then filled the tier with pinned data, and
+    every write of the mount failed with ENOSPC. Now it pins nothing and says why."""
+    m = mount_factory(args=("--extent-size", "1M", "--cache-size", "4M", "--min-free", "0"))
+    data = pattern(12 * MiB, 21)
+    write_file(m.path("big"), data)
+    make_cold(m, m.path("big"))
+    res = m.cli("pin", m.path("big"))
+    assert res.returncode == 1, (res.stdout, res.stderr)
+    assert "pin failed: not pinned" in res.stderr and "--cache-size" in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert status(m)["pinned_bytes"] == 0
+    assert status(m, m.path("big"))["file"]["pinned"] == 0
+    write_file(m.path("small"), b"still writable")
+    write_file(m.path("more"), pattern(3 * MiB, 22))
+    assert read_file(m.path("big")) == data
+    res = m.cli("pin", m.path("small"), check=True)  # one that fits is pinned as before
+    assert "pinned 1 file (1 extent changed)" in res.stdout, res.stdout

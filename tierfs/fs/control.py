@@ -381,14 +381,12 @@ class Control:
         inos = [int(i) for i in req["inos"]]
         await self.pull(inos)
         results = await self._fetching(inos, req, reply, actions.prefetch_many(
-            self.engine, inos, int(req.get("parallel", 8))))
+            self.engine, inos, int(req.get("parallel", 8)), pin=bool(req.get("pin"))))
         files = {}
         for ino, res in results.items():
             if isinstance(res, Exception):
                 files[str(ino)] = {"error": str(res) or type(res).__name__}
                 continue
-            if req.get("pin"):
-                res["pinned"] = actions.set_pinned(self.engine, ino, True)
             files[str(ino)] = res
         return {"files": files}
 

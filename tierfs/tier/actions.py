@@ -5,6 +5,7 @@ from dataclasses import replace
 
 import trio
 
+from ..config import format_size
 from ..errors import ColdUnavailable, FsError, TierfsError
 from ..meta.schema import DIRTY, HOT, PINNED
 
@@ -42,13 +43,15 @@ def hot_bytes(engine, ino: int) -> int:
     return sum(min(E, max(0, size - i * E)) for i in engine.index.extents_of(ino))
 
 
-async def prefetch_many(engine, inos: list[int], parallel: int = 8) -> dict:
+async def prefetch_many(engine, inos: list[int], parallel: int = 8, pin: bool = False) -> dict:
     """Prefetch many files as one request, `parallel` files at a time. A file's
     fetches also bring along the cold extents of the request's files not done yet
     that are packed next to them (Engine._wanted_neighbours: one ranged GET for a
     run of a pack), so a directory of small packed files costs a GET per run, not
     one per file. Per inode: bytes fetched (hot now, not when the request came:
-    also those fetched along with a neighbour) and already hot, or the error."""
+    also those fetched along with a neighbour) and already hot, or the error.
+    With `pin`, each file is pinned as soon as its fetch ends, if it is whole on
+    the hot tier then (pin_whole)."""
     pending = set(inos)
     out: dict = {}
     start = {}
@@ -64,8 +67,11 @@ async def prefetch_many(engine, inos: list[int], parallel: int = 8) -> dict:
         async with files:
             try:
                 await prefetch(engine, ino, parallel, wanted=pending.__contains__)
-                out[ino] = {"fetched": max(0, hot_bytes(engine, ino) - start[ino]),
-                            "already_hot": start[ino]}
+                res = {"fetched": max(0, hot_bytes(engine, ino) - start[ino]),
+                       "already_hot": start[ino]}
+                if pin:  # now, before other files' fetches may evict its extents
+                    res["pinned"] = pin_whole(engine, ino)
+                out[ino] = res
             except TierfsError as e:
                 out[ino] = e
             finally:
@@ -117,6 +123,20 @@ def release(engine, ino: int) -> dict:
     if batch:
         engine.meta.update(None, batch)
     return out
+
+
+def pin_whole(engine, ino: int) -> int:
+    """Pin a file whose every extent is hot; extents changed. One that is not whole
+    on the hot tier (larger than the room left beside pinned and dirty data) is not
+    pinned: its pinned hot part would hold the room every write needs, and its cold
+    part could never come in."""
+    exts = engine.meta.all_extents(ino)
+    if not all(ext.hot for ext in exts.values()):
+        size = engine.meta.get_inode(ino).size
+        raise TierfsError(f"not pinned: only {format_size(hot_bytes(engine, ino))} of its "
+                          f"{format_size(size)} fit in the hot tier beside what it holds "
+                          f"pinned or dirty; raise --cache-size or pin less")
+    return set_pinned(engine, ino, True)
 
 
 def set_pinned(engine, ino: int, pinned: bool) -> int:
