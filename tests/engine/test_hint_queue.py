@@ -100,3 +100,25 @@ def test_a_full_no_replace_tier_gets_no_hinted_file_it_would_not_keep(tmp_path):
                 "hinted files fetched from the bucket though the tier keeps none of them")
             assert not any(s.engine.index.extents_of(ino) for ino in cold)
     run(scenario)
+
+
+def test_lists_appended_faster_than_they_are_fetched_stop_at_max_queued(tmp_path):
+    """hint() without replace appends: a loader that sends its whole order every epoch
+    while the prefetch is behind grew the queue (and the daemon's memory) by a data
+    set's length an epoch, without end. Files past max_queued waiting are dropped and
+    counted; the answer says how many were queued; a replacing list starts afresh."""
+    async def scenario():
+        async with _stack(tmp_path) as s:
+            inos = await _hot_files(s, 70)
+            q = HintQueue(s.engine, max_queued=100)  # not running: the lists stay queued
+            assert q.add(inos[:60], replace=True) == 60
+            for _epoch in range(3):
+                q.add(inos, replace=False)
+            assert len(q.head) + len(q.queue) == 100
+            assert sum(q.queued.values()) == 100
+            assert list(q.head) + list(q.queue) == inos[:60] + inos[:40]
+            assert s.engine.stats.snapshot().get("hints_dropped") == 3 * 70 - 40
+            assert q.add(inos, replace=False) == 0
+            assert q.add(inos[:50], replace=True) == 50
+            assert list(q.head) + list(q.queue) == inos[:50]
+    run(scenario)

@@ -454,8 +454,9 @@ class Control:
                                         call=self.view.call if self.view else None)
         inos = [ino for ino in found if ino is not None]
         await self.pull(inos)
-        self.daemon.hints.add(inos, bool(req.get("replace")))
-        return {"queued": len(inos), "unknown": len(found) - len(inos)}
+        queued = self.daemon.hints.add(inos, bool(req.get("replace")))
+        return {"queued": queued, "unknown": len(found) - len(inos),
+                "dropped": len(inos) - queued}
 
     async def cmd_scrub(self, req, reply):
         await self.pull([int(req["ino"])])

@@ -14,7 +14,10 @@ while there is room); the neighbours read along only fill free room.
 
 A list may hold a million files: replacing it costs the same whatever its length
 (queued files are counted apart from those in flight), and a run of files already
-hot is skipped SKIPS_PER_PASS at a time, with the event loop free in between.
+hot is skipped SKIPS_PER_PASS at a time, with the event loop free in between. The
+queue holds MAX_QUEUED files at most: a client that appends list after list faster
+than they are fetched (hint() without replace, every epoch) has the files past it
+dropped and counted, rather than grow the daemon's memory without end.
 """
 from __future__ import annotations
 
@@ -32,12 +35,14 @@ MIN_DEPTH = 4
 MAX_DEPTH = 32
 HEAD = 32  # files at the front of a new hint list fetched at once, each on its own
 SKIPS_PER_PASS = 256  # hot files skipped between two checkpoints
+MAX_QUEUED = 4_000_000  # files waiting at most (a few hundred MB of the daemon's memory)
 
 
 class HintQueue:
-    def __init__(self, engine, max_depth: int = MAX_DEPTH):
+    def __init__(self, engine, max_depth: int = MAX_DEPTH, max_queued: int = MAX_QUEUED):
         self.engine = engine
         self.max_depth = max_depth
+        self.max_queued = max_queued
         self.depth = min(MIN_DEPTH, max_depth)
         self.queue: collections.deque[int] = collections.deque()
         self.head: collections.deque[int] = collections.deque()  # fetched at once, alone
@@ -48,7 +53,8 @@ class HintQueue:
         self.done = 0
         engine.on_miss = self.loader_waited
 
-    def add(self, inos: list[int], replace: bool) -> None:
+    def add(self, inos: list[int], replace: bool) -> int:
+        """Queue files; the number queued (those past max_queued waiting are dropped)."""
         # A new list: its first batch comes first. A list sent in several requests
         # goes on with its second (replace=False) while its first is in flight.
         new_list = replace or not (self.queued or self.in_flight)
@@ -56,13 +62,17 @@ class HintQueue:
             self.head.clear()
             self.queue.clear()
             self.queued = collections.Counter()
+        room = max(0, self.max_queued - len(self.head) - len(self.queue))
+        if len(inos) > room:
+            self.engine.stats.inc("hints_dropped", len(inos) - room)
+            inos = inos[:room]
         self.queued.update(inos)
         if new_list:
             self.head.extend(inos[:HEAD])
-            inos = inos[HEAD:]
             self._room.set()
-        self.queue.extend(inos)
+        self.queue.extend(inos[HEAD:] if new_list else inos)
         self._wake.set()
+        return len(inos)
 
     def wanted(self, ino: int) -> bool:
         return ino in self.queued or ino in self.in_flight
