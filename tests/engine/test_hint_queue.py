@@ -4,6 +4,7 @@ between passes."""
 from __future__ import annotations
 
 import trio
+import trio.testing
 
 from tests.task_steps import TaskSteps
 from tierfs.tier.hinted import HEAD, SKIPS_PER_PASS, HintQueue
@@ -121,4 +122,39 @@ def test_lists_appended_faster_than_they_are_fetched_stop_at_max_queued(tmp_path
             assert q.add(inos, replace=False) == 0
             assert q.add(inos[:50], replace=True) == 50
             assert list(q.head) + list(q.queue) == inos[:50]
+    run(scenario)
+
+
+def test_lists_replaced_one_after_another_keep_the_fetches_in_flight_bounded(tmp_path):
+    """Each new list starts its first HEAD files at once. Replaced again and again (a
+    loader hinting each next batch, several clients replacing each other's lists)
+    while the bucket is slow, every list added HEAD more fetches to those still
+    running, without bound: hundreds of stale fetches queued for the bucket ahead of
+    the loader's own reads. Now a list's head starts only while fewer than HEAD +
+    max_depth files are in flight."""
+    lists = 10
+
+    async def scenario():
+        async with engine_stack(tmp_path, extent_size=E, cache_size=1 << 30, upload_delay=0,
+                                checkpoint_every=0) as s:
+            inos = []
+            for _ in range(lists * HEAD):
+                ino = s.create()
+                await s.engine.write(ino, 0, b"c" * 100)
+                inos.append(ino)
+            await s.uploader.flush(None)
+            s.evict_all()
+            gets = s.gate.hold("get")
+            q = HintQueue(s.engine)
+            s.nursery.start_soon(q.run)
+            cap = HEAD + q.max_depth
+            for i in range(lists):
+                q.add(inos[i * HEAD:(i + 1) * HEAD], replace=True)
+                await trio.testing.wait_all_tasks_blocked()  # the queue took it up
+            assert q.in_flight.total() <= cap, f"{q.in_flight.total()} hinted fetches at once"
+            assert gets.entered
+            gets.release()
+            await until(lambda: not q.head and not q.queue and not q.in_flight, 10,
+                        "the last list fetched")
+            assert all(s.engine.index.extents_of(ino) for ino in inos[-HEAD:])
     run(scenario)

@@ -6,7 +6,8 @@ ranged GET of up to 8 MiB instead of one per file), so a random epoch order over
 packed small files costs a few GETs per pack. The first HEAD files of a new list (the
 loader's first batch) are fetched at once, each on its own: in a random order they
 lie all over the packs, and wide GETs would bring them only with most of the data
-set, while the loader waits for its first batch. The number of files fetched at once
+set, while the loader waits for its first batch (unless HEAD + MAX_DEPTH files are in
+flight already: lists replaced quickly one after another). The number of files fetched at once
 adapts: it starts at MIN_DEPTH and grows by one each time the loader has to wait for
 the bucket for a file still in the queue (the prefetch is behind), up to MAX_DEPTH;
 a failing bucket halves it. Named files follow the cache policy (no-replace: only
@@ -99,15 +100,17 @@ class HintQueue:
         skipped = 0
         async with trio.open_nursery() as nursery:
             while True:
-                while self.head:
+                # A head starts at once, but fetches of lists replaced meanwhile may
+                # still run: never more than HEAD + max_depth files in flight.
+                while self.head and self.in_flight.total() < HEAD + self.max_depth:
                     ino = self.head.popleft()
                     self._take(ino)
                     nursery.start_soon(self._one, ino, True)
-                if not self.queue:
+                if not self.queue and not self.head:
                     self._wake = trio.Event()
                     await self._wake.wait()
                     continue
-                if self.in_flight.total() >= self.depth:
+                if self.head or self.in_flight.total() >= self.depth:
                     self._room = trio.Event()
                     await self._room.wait()
                     continue
