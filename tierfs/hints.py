@@ -40,7 +40,7 @@ def _send(paths: Iterable[str], replace: bool, still_wanted: Callable[[], bool])
     paths = [_absolute(p) for p in paths]
     if not paths:
         return 0
-    info = daemon_info(paths[0])
+    info = _daemon_of(paths[0])
     rel = _relative(paths, info["mountpoint"])
     queued = 0
     for start, end in _requests(rel):
@@ -49,6 +49,16 @@ def _send(paths: Iterable[str], replace: bool, still_wanted: Callable[[], bool])
         queued += call(paths[0], "hint", daemon=info, wait_s=ANSWER_WAIT_S,
                        paths=rel[start:end], replace=replace and start == 0)["queued"]
     return queued
+
+
+def _daemon_of(path: str) -> dict:
+    """daemon_info of the mount `path` is in. A hinted file may be gone (the daemon
+    skips it and counts it unknown): then that of the nearest directory above it
+    that exists."""
+    probe = path
+    while not os.path.exists(probe) and probe != "/":
+        probe = os.path.dirname(probe)
+    return daemon_info(probe)
 
 
 def _absolute(path) -> str:

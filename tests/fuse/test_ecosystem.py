@@ -376,3 +376,14 @@ def test_example_trains_over_the_mount(mount_factory):
     assert len(lines) == 3
     assert float(lines[-1].rsplit(" ", 1)[1]) > 0.8  # a separable task: it learns
     assert len(os.listdir(m.path("tiny-ds"))) == 256
+
+
+def test_a_hint_list_that_begins_with_a_missing_file_skips_it(mount_factory):
+    """A hinted path that names nothing is skipped and counted as unknown. One that
+    was first in the list made tierfs.hint() raise "... does not exist" instead (the
+    mount was looked up through it), and HintingSampler lost that epoch's hints."""
+    m = mount_factory()
+    os.makedirs(m.path("ds"))
+    write_file(m.path("ds", "a"), b"a")
+    assert tierfs.hint([m.path("ds", "gone"), m.path("ds", "a")]) == 1
+    assert tierfs.hint([m.path("nodir", "gone"), m.path("ds", "a")], replace=True) == 1
