@@ -6,6 +6,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import threading
 import time
 
@@ -464,3 +465,19 @@ def test_pin_of_a_file_larger_than_the_hot_tier_says_so_and_pins_nothing(mount_f
     assert read_file(m.path("big")) == data
     res = m.cli("pin", m.path("small"), check=True)  # one that fits is pinned as before
     assert "pinned 1 file (1 extent changed)" in res.stdout, res.stdout
+
+
+def test_prefetch_of_a_file_larger_than_the_hot_tier_says_what_did_not_fit(mount_factory):
+    """A prefetch of a file larger than the hot tier evicts its own first extents to
+    make room for the last. It said only "4.0 MiB fetched" of a 12 MiB file, as if
+    that were all there was; now it says how much did not fit."""
+    m = mount_factory(args=("--extent-size", "1M", "--cache-size", "4M", "--min-free", "0"))
+    write_file(m.path("big"), pattern(12 * MiB, 23))
+    write_file(m.path("small"), b"small")
+    make_cold(m, m.path("big"), m.path("small"))
+    res = m.cli("prefetch", m.path("big"), check=True)
+    left = re.search(r"; ([\d.]+) MiB did not fit in the hot tier \(raise --cache-size\)",
+                     res.stdout)
+    assert left and float(left.group(1)) >= 8.0, res.stdout
+    res = m.cli("prefetch", m.path("small"), check=True)
+    assert "did not fit" not in res.stdout, res.stdout

@@ -198,9 +198,12 @@ def cmd_prefetch(args) -> int:
     results, failures, secs = fetch_files("prefetch", args)
     fetched = sum(r["fetched"] for r in results)
     already = sum(r["already_hot"] for r in results)
+    not_hot = sum(r.get("not_hot", 0) for r in results)
     print(f"prefetched {plural(len(results), 'file')}: {format_size(fetched)} fetched, "
           f"{format_size(already)} already hot, {secs:.1f}s "
-          f"({format_size(fetched / max(secs, 1e-6))}/s)")
+          f"({format_size(fetched / max(secs, 1e-6))}/s)"
+          + (f"; {format_size(not_hot)} did not fit in the hot tier (raise --cache-size)"
+             if not_hot else ""))
     return report_failures(failures)
 
 

@@ -43,13 +43,21 @@ def hot_bytes(engine, ino: int) -> int:
     return sum(min(E, max(0, size - i * E)) for i in engine.index.extents_of(ino))
 
 
+def cold_bytes(engine, ino: int) -> int:
+    """Bytes of a file's extents that are not in the hot tier now (holes not counted)."""
+    size, E = engine.meta.get_inode(ino).size, engine.E
+    return sum(min(E, max(0, size - i * E))
+               for i, ext in engine.meta.all_extents(ino).items() if not ext.hot)
+
+
 async def prefetch_many(engine, inos: list[int], parallel: int = 8, pin: bool = False) -> dict:
     """Prefetch many files as one request, `parallel` files at a time. A file's
     fetches also bring along the cold extents of the request's files not done yet
     that are packed next to them (Engine._wanted_neighbours: one ranged GET for a
     run of a pack), so a directory of small packed files costs a GET per run, not
     one per file. Per inode: bytes fetched (hot now, not when the request came:
-    also those fetched along with a neighbour) and already hot, or the error.
+    also those fetched along with a neighbour), already hot, and not hot at the end
+    (a file larger than the hot tier evicts its own first extents), or the error.
     With `pin`, each file is pinned as soon as its fetch ends, if it is whole on
     the hot tier then (pin_whole)."""
     pending = set(inos)
@@ -68,7 +76,7 @@ async def prefetch_many(engine, inos: list[int], parallel: int = 8, pin: bool = 
             try:
                 await prefetch(engine, ino, parallel, wanted=pending.__contains__)
                 res = {"fetched": max(0, hot_bytes(engine, ino) - start[ino]),
-                       "already_hot": start[ino]}
+                       "already_hot": start[ino], "not_hot": cold_bytes(engine, ino)}
                 if pin:  # now, before other files' fetches may evict its extents
                     res["pinned"] = pin_whole(engine, ino)
                 out[ino] = res
