@@ -419,3 +419,53 @@ def test_a_foreign_tierfs_json_is_refused_in_one_line(tmp_path, content):
     (tmp_path / "cold" / SUPERBLOCK_OBJECT).write_text(content)
     res = run_cli(*mount_args(tmp_path))
     assert_clean_error(res, "is not a valid tierfs superblock")
+
+
+def test_unfinished_requests_hold_a_bounded_amount_of_the_daemons_memory(mount_factory):
+    """Any local user may connect and send a request line without its end: the daemon
+    holds such lines up to MAX_BUFFERED bytes in all (not MAX_CONNECTIONS times
+    MAX_REQUEST), refuses the next with an answer, and serves everyone once they end."""
+    import socket
+
+    from tierfs.client import call
+    from tierfs.fs.control import MAX_BUFFERED, MAX_REQUEST
+    m = mount_factory()
+    sock_path = os.path.join(m.cache_dir, "control.sock")
+    unfinished = b'{"cmd": "hint", "paths": ["' + b"p" * (MAX_REQUEST - 64)
+    held, answer = [], None
+    try:
+        for _ in range(MAX_BUFFERED // len(unfinished) + 2):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            held.append(s)
+            s.settimeout(30)
+            s.connect(sock_path)
+            try:
+                s.sendall(unfinished)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # refused while sending: its answer waits to be read
+            try:
+                s.settimeout(0.5 if answer is None else 30)
+                got = s.recv(4096)
+            except TimeoutError:
+                continue  # held by the daemon, waiting for the rest of its line
+            answer = json.loads(got)
+            break
+        assert answer is not None, f"{len(held)} unfinished requests were all held"
+        assert answer == {"ok": False, "error": "the daemon holds too many unfinished "
+                                                "requests; try again"}, answer
+        assert len(held) >= MAX_BUFFERED // len(unfinished) - 1
+    finally:
+        for s in held:
+            s.close()
+    assert call(m.mountpoint, "ping")["ok"]
+    assert "unfinished requests are held; refusing more" in m.log()
+
+
+def test_a_request_that_is_not_a_json_object_gets_an_error(mnt):
+    import socket
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(30)
+        s.connect(os.path.join(mnt.cache_dir, "control.sock"))
+        s.sendall(b"[1, 2]\n")
+        assert json.loads(s.recv(4096)) == {"ok": False, "error": "a request is a JSON object"}
+    assert "Traceback" not in mnt.log()

@@ -38,6 +38,10 @@ MAX_REQUEST = 8 << 20
 # per thread). One over the limit is closed at once, and the accept loop never ends
 # on an error of accept(): a flood of connections costs the socket, not the mount.
 MAX_CONNECTIONS = 4096
+# Bytes of unfinished request lines the daemon holds for all connections together: any
+# local user may connect, and MAX_CONNECTIONS lines of MAX_REQUEST each would be 32 GiB.
+# A read that would pass it gets an error and the connection is closed.
+MAX_BUFFERED = 256 << 20
 ACCEPT_RETRY_S = 0.1
 XATTR_SIZE_MAX = 65536  # the kernel's limit on one xattr value
 # Files a quick action on many (release_many, unpin_many) handles between two turns
@@ -152,6 +156,8 @@ class Control:
         self.view = getattr(daemon, "view", None) if daemon.shared else None
         self.socket_path = os.path.join(daemon.cfg.cache_dir, "control.sock")
         self.connections = 0  # open control connections (MAX_CONNECTIONS)
+        self.buffered = 0     # bytes of their unfinished request lines (MAX_BUFFERED)
+        self._over_budget_logged = False
         self.commands = {"status": self.cmd_status, "ping": self.cmd_ping,
                          "sync": self.cmd_sync, "prefetch_many": self.cmd_prefetch_many,
                          "release": self.cmd_release, "release_many": self.cmd_release_many,
@@ -508,13 +514,27 @@ class Control:
                 stream = ControlConn(socket.socket(fileno=conn.detach()))
                 nursery.start_soon(self._handle, stream)
 
+    async def _refuse_over_budget(self, stream: ControlConn) -> None:
+        if not self._over_budget_logged:
+            log.warning("control socket: %d MiB of unfinished requests are held; refusing "
+                        "more until they end", MAX_BUFFERED >> 20)
+            self._over_budget_logged = True
+        await Reply(stream)({"ok": False, "error": "the daemon holds too many unfinished "
+                             "requests; try again"})
+
     async def _handle(self, stream: ControlConn) -> None:
         # What commands keep about the connection: the peer's credentials, and what to
         # do when it ends ("on_close": async functions of conn).
         conn: dict = {}
+        buf = bytearray()
+        counted = 0  # of len(buf), in self.buffered
+
+        def count() -> None:
+            nonlocal counted
+            self.buffered += len(buf) - counted
+            counted = len(buf)
         try:
             try:
-                buf = bytearray()
                 while True:
                     # A hint list's request runs to megabytes: look for the end of the
                     # line only in what each read adds.
@@ -523,16 +543,24 @@ class Control:
                         if len(buf) > MAX_REQUEST:
                             await Reply(stream)({"ok": False, "error": "request too long"})
                             return
+                        if self.buffered + 65536 > MAX_BUFFERED:
+                            await self._refuse_over_budget(stream)
+                            return
                         chunk = await stream.receive_some(65536)
                         if not chunk:
                             return
                         searched = len(buf)
                         buf += chunk
+                        count()
                         end = buf.find(b"\n", searched)
                     line = bytes(buf[:end])
                     del buf[:end + 1]
+                    count()
                     req = json.loads(line)
                     reply = Reply(stream, conn)
+                    if not isinstance(req, dict):
+                        await reply({"ok": False, "error": "a request is a JSON object"})
+                        return
                     cmd = req.get("cmd")
                     handler = self.commands.get(cmd)
                     if handler is None:
@@ -552,6 +580,9 @@ class Control:
                     if not (req.get("keep") and cmd in self.keep_alive):
                         return
             finally:
+                self.buffered -= counted
+                if self.buffered < MAX_BUFFERED // 2:
+                    self._over_budget_logged = False  # the next flood is logged again
                 stream.close()
         except (trio.BrokenResourceError, trio.ClosedResourceError, ValueError) as e:
             log.debug("control connection dropped: %s", e)
