@@ -36,7 +36,7 @@ from .tier.shared_view import SharedView
 from .tier.space import Space, check_cache_size
 from .tier.state import NodeState
 from .tier.stats import Stats
-from .tier.uploader import Uploader
+from .tier.uploader import HotFilesLost, Uploader
 
 log = logging.getLogger("tierfs")
 
@@ -378,7 +378,10 @@ class Daemon:
                 nursery.start_soon(self.uploader.run)
                 nursery.start_soon(self._report_flush_progress)
                 try:
-                    await self.uploader.flush(None)
+                    try:
+                        await self.uploader.flush(None)
+                    except HotFilesLost as e:  # no wait uploads them: checkpoint the rest
+                        log.error("%s", e)
                     await self.checkpointer.checkpoint()
                     self.checkpointed = True
                     await self.gc.collect()
@@ -387,9 +390,9 @@ class Daemon:
                 except Fenced:
                     pass  # the exit report says so
                 nursery.cancel_scope.cancel()
-        if self.engine.index.dirty:
-            log.warning("%d extents still dirty at exit; they upload on the next mount",
-                        len(self.engine.index.dirty))
+        left = len(self.engine.index.dirty) - len(self.uploader.lost_now())
+        if left:
+            log.warning("%d extents still dirty at exit; they upload on the next mount", left)
         self._write_exit_report()
 
     async def _report_flush_progress(self) -> None:
@@ -409,9 +412,11 @@ class Daemon:
     def _write_exit_report(self) -> None:
         """What `tierfs umount` tells the user once this daemon is gone."""
         index = self.engine.index
+        lost = self.uploader.lost_now()  # dirty, but their hot files are gone
         report = {"pid": os.getpid(), "dirty_bytes": index.dirty_bytes,
                   "dirty_extents": len(index.dirty), "fenced_by": self.state.fenced_by,
-                  "checkpointed": self.checkpointed}
+                  "checkpointed": self.checkpointed, "lost_bytes": sum(lost.values()),
+                  "lost_extents": len(lost)}
         exit_report.write(self.cfg.cache_dir, report)
 
     async def _announce_ready(self, on_ready) -> None:

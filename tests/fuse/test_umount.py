@@ -7,6 +7,9 @@ import pty
 import subprocess
 import sys
 
+import pytest
+
+from tests.fuse.test_durability import hot_files
 from tests.fuse.test_tiering import pattern, status
 from tests.harness import write_file
 
@@ -97,3 +100,28 @@ def test_foreground_daemon_tells_systemd_when_mounted_and_umount_finds_it_by_con
             if daemon.poll() is None:
                 daemon.kill()
             daemon.communicate()
+
+
+@pytest.mark.allow_log_errors
+def test_umount_says_data_whose_hot_file_was_deleted_is_lost(mount_factory):
+    """A dirty extent whose hot file was deleted behind the daemon's back can never
+    upload: sync --wait and umount say so (exit 3) at once, instead of waiting out their
+    timeouts; umount takes the final checkpoint and no longer promises that the data
+    uploads on the next mount."""
+    m = mount_factory(args=("--upload-delay", "3600", "--unmount-upload-timeout", "20"))
+    m.allowed_log += ["hot file missing", "dirty hot file missing"]
+    write_file(m.path("kept"), pattern(64 * KiB, 1))
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    before = set(hot_files(m))
+    for i in range(2):  # small files: they upload packed, their hot files read by path
+        write_file(m.path(f"gone{i}"), pattern(64 * KiB, 2 + i))
+    for path in set(hot_files(m)) - before:
+        os.unlink(path)
+    res = m.cli("sync", m.mountpoint, "--wait", "--timeout", "20")
+    assert res.returncode == 3 and "2 extents (131072 bytes) are lost" in res.stderr, res.stderr
+    res = m.cli("umount", m.mountpoint)
+    m.pid = None
+    assert res.returncode == 3, res.stderr
+    assert "128.0 KiB in 2 extents is lost" in res.stderr, res.stderr
+    assert "fsck --repair" in res.stderr and "next mount" not in res.stderr
+    assert "final metadata checkpoint" not in res.stderr  # it was not skipped

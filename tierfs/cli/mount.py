@@ -249,6 +249,14 @@ def umount(mountpoint: str, timeout: float = 3600.0) -> int:
                           f"the filesystem over, and what was written here after that "
                           f"({format_size(report['dirty_bytes'])} not uploaded) is not in "
                           f"the bucket")
+    if report.get("lost_extents"):
+        waiting = report["dirty_bytes"] - report["lost_bytes"]
+        raise NotInBucket(f"unmounted {mp}, but {format_size(report['lost_bytes'])} in "
+                          f"{report['lost_extents']} extents is lost: their hot files were "
+                          f"deleted from the cache dir before they were uploaded (reads of "
+                          f"them give EIO; tierfs fsck --repair drops them)" + (
+                              f"; {format_size(waiting)} more is not in the bucket yet and "
+                              f"uploads on the next mount" if waiting else ""))
     if report.get("dirty_bytes"):
         raise NotInBucket(f"unmounted {mp}, but {format_size(report['dirty_bytes'])} in "
                           f"{report['dirty_extents']} extents is not in the bucket yet: it is "

@@ -25,7 +25,7 @@ from dataclasses import replace
 import trio
 
 from ..checksum import xxh3
-from ..errors import ColdStoreError, FsError
+from ..errors import ColdStoreError, FsError, TierfsError
 from ..meta.schema import DIRTY, Ref, object_name
 from .cache import Key
 from .checkpoint import Fenced
@@ -44,6 +44,11 @@ PACKS_AHEAD = PACKS_IN_FLIGHT + 1
 
 async def _nothing() -> None:
     pass
+
+
+class HotFilesLost(TierfsError):
+    """Dirty extents whose hot file was deleted behind the daemon's back: they can
+    never upload, so waiting for them would never end (EIO)."""
 
 
 class Uploader:
@@ -327,6 +332,24 @@ class Uploader:
         self.lost = {k: g for k, g in self.lost.items() if k in self.engine.index.dirty}
         self.lost[key] = gen
 
+    def lost_now(self) -> dict[Key, int]:
+        """The dirty extents whose hot file is gone, as they still are (not written or
+        removed since): no upload can ever take them. Key -> bytes."""
+        index = self.engine.index
+        return {k: index.sizes.get(k, 0) for k, gen in self.lost.items()
+                if (info := index.dirty.get(k)) is not None and info.gen == gen}
+
+    def _only_lost_left(self, waiting: set[int] | None) -> bool:
+        """Whether every dirty extent a flush waits for is lost (it would wait forever)."""
+        lost = self.lost_now()
+        if not lost:
+            return False
+        index = self.engine.index
+        if waiting is None:
+            return len(index.dirty) == len(lost)
+        return all((ino, i) in lost for ino in waiting for i in index.extents_of(ino)
+                   if (ino, i) in index.dirty)
+
     def _dirty_state(self, key: Key) -> tuple[int, int] | None:
         """(write generation, length) of a dirty extent to upload now, or None
         (clean, held by a direct writer, removed: bookkeeping done here)."""
@@ -429,10 +452,17 @@ class Uploader:
 
     async def flush(self, inos: set[int] | None) -> None:
         """Upload every dirty extent of `inos` (all if None) now and wait for it.
-        Raises Fenced once this node may upload nothing more (taken over)."""
+        Raises Fenced once this node may upload nothing more (taken over), and
+        HotFilesLost once only extents whose hot file was deleted are left."""
         index = self.engine.index
         waiting = None if inos is None else {ino for ino in inos if index.has_dirty(ino)}
         while index.dirty if waiting is None else waiting:
+            if self._only_lost_left(waiting):
+                lost = self.lost_now()
+                raise HotFilesLost(f"{len(lost)} extents ({sum(lost.values())} bytes) are "
+                                   f"lost: their hot files were deleted from the cache dir "
+                                   f"before they were uploaded (reads of them give EIO; "
+                                   f"tierfs fsck --repair drops them)")
             if waiting is None:
                 self.space.need_upload.set()
             else:  # again for those dirty anew since their last extent went up
