@@ -147,3 +147,19 @@ def check_mountpoint(path: str) -> list[str]:
     if os.listdir(path):
         raise UserError(f"mount point {path} is not empty: use an empty directory")
     return notes
+
+
+def check_outside_mount(mountpoint: str, cache_dir: str, cold_dir: str | None) -> None:
+    """The cache dir and a file:// cold location must not lie in the mount point: once
+    mounted, the daemon would reach them through its own mount and wait on itself."""
+    mp = os.path.realpath(mountpoint)
+    for what, path, fix in (("cache dir", cache_dir, "--cache-dir"),
+                            ("cold location", cold_dir, "file:// location")):
+        if path is None:
+            continue
+        real = os.path.realpath(path)
+        if os.path.commonpath([mp, real]) != mp:
+            continue
+        where = "is the mount point" if real == mp else f"is inside the mount point {mp}"
+        raise UserError(f"{what} {path} {where}, which the mount would hide from its own "
+                        f"daemon: choose a {fix} outside {mp}")

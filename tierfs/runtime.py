@@ -24,7 +24,8 @@ from .fs.control import Control
 from .fs.ops import Operations
 from .fs.shared_ops import SharedOperations
 from .hot import HotStore
-from .mountpoint import check_fuse_available, check_mountpoint
+from .cold import parse_cold_url
+from .mountpoint import check_fuse_available, check_mountpoint, check_outside_mount
 from .tier.cache import HotIndex
 from .tier.checkpoint import Checkpointer, Fenced
 from .tier.engine import Engine
@@ -149,6 +150,9 @@ class Daemon:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         check_fuse_available()
         self.notes += check_mountpoint(cfg.mountpoint)
+        scheme, location, _prefix = parse_cold_url(cfg.cold_url)
+        check_outside_mount(cfg.mountpoint, cfg.cache_dir,
+                            location if scheme == "file" else None)
         self._lock_fd = lock_cache_dir(cfg.cache_dir)
         self.on_cache_dir_locked()
         self.cold = open_cold(cfg, self.stats)

@@ -84,6 +84,29 @@ def test_cache_dir_is_a_file(tmp_path):
     assert_clean_error(run_cli(*mount_args(tmp_path)), "is a file, not a directory")
 
 
+@pytest.mark.parametrize("cache, cold, fragment", [
+    ("mnt", None, "cache dir {mnt} is the mount point"),
+    ("mnt/cache", None, "cache dir {mnt}/cache is inside the mount point {mnt}"),
+    ("link/cache", None, "cache dir {tmp}/link/cache is inside the mount point {mnt}"),
+    ("cache", "mnt/cold", "cold location {mnt}/cold is inside the mount point {mnt}"),
+])
+def test_cache_dir_or_cold_location_inside_the_mount_point(tmp_path, cache, cold, fragment):
+    """The mount would hide them from its own daemon, which then waits on itself: the
+    mount hung, and `tierfs mount` with it. Refused in one line instead."""
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    (tmp_path / "link").symlink_to(mp)
+    args = mount_args(tmp_path, cache=str(tmp_path / cache),
+                      cold=cold and f"file://{tmp_path}/{cold}")
+    try:
+        res = run_cli(*args, timeout=60)
+    finally:
+        if mounts().get(str(mp)):
+            subprocess.run(["fusermount3", "-u", "-z", str(mp)], capture_output=True)
+    assert_clean_error(res, fragment.format(mnt=mp, tmp=tmp_path), "outside")
+    assert not os.listdir(mp)  # nothing created in it
+
+
 def test_cache_dir_on_a_read_only_filesystem(tmp_path):
     ro = tmp_path / "ro"
     ro.mkdir()
