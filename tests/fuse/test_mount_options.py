@@ -180,3 +180,29 @@ def test_fresh_mount_counts_no_bucket_errors(mount_factory, s3_url, s3env):
     m.remount()
     counters = json.loads(m.cli("status", m.mountpoint, "--json", check=True).stdout)["counters"]
     assert not any(k.startswith("s3_errors:") for k in counters), counters
+
+
+@pytest.mark.parametrize("item, fragment", [
+    ("xattr=maybe", "'xattr=maybe' is not a switch value"),
+    ("allow_other=enable", "'allow_other=enable' is not a switch value"),
+])
+def test_fstab_switch_with_a_value_that_is_no_switch_is_refused(tmp_path, item, fragment):
+    """mount.fuse.tierfs turned a switch given any value but 0/false/no/off on, and
+    no_SWITCH=VALUE off whatever the value: a typo became a silently wrong setting."""
+    import subprocess
+    import sys
+    res = subprocess.run(
+        [sys.executable, "-m", "tierfs.cli.mount_helper", f"file://{tmp_path}/cold",
+         str(tmp_path / "mnt"), "-o", f"cache_dir={tmp_path}/cache,{item}"],
+        capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0 and fragment in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
+    assert not mounted(str(tmp_path / "mnt"))
+
+
+def test_fstab_switch_values_follow_the_switch():
+    from tierfs.cli.mount_helper import translate
+    assert translate("xattr=off,allow_other=yes,writeback_cache,no_default_permissions,"
+                     "no_s3_path_style=false") == [
+        "--no-xattr", "--allow-other", "--writeback-cache", "--no-default-permissions",
+        "--s3-path-style"]

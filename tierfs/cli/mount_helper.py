@@ -4,7 +4,7 @@
     s3://bucket/train-fs  /mnt/tierfs  fuse.tierfs  cache_dir=/nvme/tierfs,cache_size=800G,_netdev,nofail  0 0
 
 mount(8) runs `mount.fuse.tierfs SOURCE MOUNTPOINT -o OPTIONS`; tierfs options
-are given as name=value (dashes or underscores) or bare names for switches
+are given as name=value (dashes or underscores); switches as bare names or name=true/false
 (allow_other, no_writeback_cache...); generic mount options are ignored.
 """
 from __future__ import annotations
@@ -16,6 +16,9 @@ from ..config import OPTIONS
 _GENERIC = {"rw", "defaults", "auto", "noauto", "user", "nouser", "users", "nofail", "_netdev",
             "exec", "noexec", "suid", "nosuid", "dev", "nodev", "atime", "noatime", "relatime",
             "strictatime", "async", "sync", "owner", "group", "comment", "x-systemd"}
+
+_ON = ("1", "true", "yes", "on")
+_OFF = ("0", "false", "no", "off")
 
 
 def translate(options: str) -> list[str]:
@@ -38,9 +41,15 @@ def translate(options: str) -> list[str]:
             raise SystemExit(f"mount.fuse.tierfs: unknown option {key!r}")
         flag = "--" + ("no-" if negate else "") + opt.name.replace("_", "-")
         if opt.kind == "bool":
-            if has_value and value.lower() in ("0", "false", "no", "off"):
-                flag = "--no-" + opt.name.replace("_", "-")
-            flags.append(flag)
+            on = not negate
+            if has_value:
+                word = value.strip().lower()
+                if word not in _ON + _OFF:
+                    raise SystemExit(f"mount.fuse.tierfs: {item!r} is not a switch value: use "
+                                     f"{key}, or {key}=VALUE with one of "
+                                     f"{'/'.join(_ON + _OFF)}")
+                on = (word in _ON) != negate  # no_SWITCH=false: on
+            flags.append("--" + ("" if on else "no-") + opt.name.replace("_", "-"))
         else:
             if not has_value:
                 raise SystemExit(f"mount.fuse.tierfs: option {key!r} needs a value ({key}=...)")
