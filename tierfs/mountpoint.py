@@ -9,6 +9,7 @@ import threading
 import time
 
 from . import registry
+from .mount_table import unescape
 from .errors import UserError
 
 # What a mount whose daemon died answers (kernels differ).
@@ -25,7 +26,7 @@ def mounts() -> dict[str, str]:
         for line in f:
             parts = line.split()
             if len(parts) >= 3:
-                out[parts[1].replace("\\040", " ")] = parts[2]
+                out[unescape(parts[1])] = parts[2]
     return out
 
 
@@ -50,7 +51,7 @@ def mount_device(path: str) -> int | None:
     with open("/proc/self/mountinfo") as f:
         for line in f:
             parts = line.split()
-            if len(parts) > 4 and parts[4].replace("\\040", " ") == path:
+            if len(parts) > 4 and unescape(parts[4]) == path:
                 major, minor = parts[2].split(":")
                 found = os.makedev(int(major), int(minor))  # the last one is on top
     return found

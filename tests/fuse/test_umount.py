@@ -125,3 +125,16 @@ def test_umount_says_data_whose_hot_file_was_deleted_is_lost(mount_factory):
     assert "128.0 KiB in 2 extents is lost" in res.stderr, res.stderr
     assert "fsck --repair" in res.stderr and "next mount" not in res.stderr
     assert "final metadata checkpoint" not in res.stderr  # it was not skipped
+
+
+def test_umount_of_a_mount_point_with_odd_characters(mount_factory):
+    """/proc/self/mounts escapes space, tab, newline and backslash: a mount point with
+    any of them is still found (it was taken for not mounted, and left mounted)."""
+    m = mount_factory(name="odd \\ \tname")
+    write_file(m.path("f"), b"x")
+    res = m.cli("umount", m.mountpoint)
+    assert res.returncode == 0, res.stderr
+    m.pid = None
+    assert res.stdout == f"unmounted {m.mountpoint}\n"
+    with open("/proc/self/mounts") as f:
+        assert "odd\\040\\134\\040\\011name-mnt" not in f.read()
