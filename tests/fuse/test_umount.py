@@ -138,3 +138,31 @@ def test_umount_of_a_mount_point_with_odd_characters(mount_factory):
     assert res.stdout == f"unmounted {m.mountpoint}\n"
     with open("/proc/self/mounts") as f:
         assert "odd\\040\\134\\040\\011name-mnt" not in f.read()
+
+
+@pytest.mark.allow_log_errors
+def test_umount_of_a_daemon_killed_while_it_unmounts_is_not_reported_clean(mount_factory,
+                                                                         tmp_path):
+    """The daemon dies (OOM killer) during its final flush, before it could write its
+    exit report: umount cannot know what reached the bucket, so it says so (exit 3)
+    instead of 'unmounted' and exit 0."""
+    from tests.harness import wait_until
+    faults = tmp_path / "faults.json"
+    faults.write_text("{}")
+    m = mount_factory(args=("--fault-file", str(faults)))
+    os.mkdir(m.path("d"))  # a change the final checkpoint has to take to the bucket
+    faults.write_text(json.dumps({"hang": True, "hang_ops": ["put"]}))
+    umount = subprocess.Popen([sys.executable, "-m", "tierfs", "umount", m.mountpoint],
+                              env=m.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        wait_until(lambda: not m.mounted, 60, "the kernel to let go of the mount")
+        m.kill9()  # stuck in its final checkpoint, which the bucket does not answer
+        out, err = umount.communicate(timeout=60)
+    finally:
+        if umount.poll() is None:
+            umount.kill()
+        umount.communicate()
+    assert umount.returncode == 3, (out, err)
+    assert out == "" and "ended before it finished unmounting" in err, err
+    assert f"{m.cache_dir}/tierfs.log" in err

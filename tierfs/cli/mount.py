@@ -243,7 +243,13 @@ def umount(mountpoint: str, timeout: float = 3600.0) -> int:
                             f"(fuser -vm {mp} lists them) and retry")
         raise UserError(f"unmounting {mp} failed: {res.stderr.strip()}")
     _wait_for_exit(pid, info["cache_dir"], timeout)
-    report = exit_report.read(info["cache_dir"], pid) or {}
+    report = exit_report.read(info["cache_dir"], pid)
+    if report is None or report.get("stopping"):  # no final word: killed or crashed
+        log_path = os.path.join(info["cache_dir"], "tierfs.log")
+        raise NotInBucket(f"unmounted {mp}, but its daemon (pid {pid}) ended before it "
+                          f"finished unmounting (killed or crashed: see {log_path}): what "
+                          f"it had not uploaded or checkpointed is safe in the cache dir; "
+                          f"mount it again to finish")
     if report.get("fenced_by"):
         raise NotInBucket(f"unmounted {mp}, but it had been fenced: {report['fenced_by']} took "
                           f"the filesystem over, and what was written here after that "
