@@ -1,6 +1,7 @@
 """`tierfs umount` with an upload backlog: progress on a terminal, quiet otherwise."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pty
@@ -11,7 +12,7 @@ import pytest
 
 from tests.fuse.test_durability import hot_files
 from tests.fuse.test_tiering import pattern, status
-from tests.harness import write_file
+from tests.harness import read_file, write_file
 
 KiB = 1 << 10
 
@@ -166,3 +167,28 @@ def test_umount_of_a_daemon_killed_while_it_unmounts_is_not_reported_clean(mount
     assert umount.returncode == 3, (out, err)
     assert out == "" and "ended before it finished unmounting" in err, err
     assert f"{m.cache_dir}/tierfs.log" in err
+
+
+@pytest.mark.allow_log_errors
+def test_dirty_data_whose_hot_file_vanished_while_unmounted_is_reported_lost(mount_factory):
+    """The daemon died with data not uploaded, and its hot file was deleted before the
+    next mount: sync --wait and umount said everything was in the bucket (exit 0)."""
+    m = mount_factory(args=("--upload-delay", "3600"))
+    m.allowed_log += ["hot file missing"]
+    write_file(m.path("kept"), pattern(64 * KiB, 1))
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    before = set(hot_files(m))
+    write_file(m.path("gone"), pattern(100 * KiB, 2))
+    os.sync()
+    m.kill9()
+    (gone,) = set(hot_files(m)) - before
+    os.unlink(gone)
+    m.start()
+    with pytest.raises(OSError) as err:  # a read of it fails; it stays counted as lost
+        read_file(m.path("gone"))
+    assert err.value.errno == errno.EIO
+    res = m.cli("sync", m.mountpoint, "--wait", "--timeout", "20")
+    assert res.returncode == 3 and "1 extents (102400 bytes) are lost" in res.stderr, res.stderr
+    res = m.cli("umount", m.mountpoint)
+    m.pid = None
+    assert res.returncode == 3 and "100.0 KiB in 1 extents is lost" in res.stderr, res.stderr

@@ -148,9 +148,14 @@ class Engine:
             size, mtime = on_disk.pop(key, (None, 0.0))
             if ext.hot and size is None:
                 if ext.dirty:
-                    # Keep the record: reads of it fail with EIO instead of zeros.
+                    # Keep the record: reads of it fail with EIO instead of zeros. And
+                    # count it dirty: sync --wait and unmount say it is lost.
                     problems.append(f"inode {ino} extent {idx}: dirty hot file missing, "
                                     f"its data is lost (reads give EIO; fsck --repair drops it)")
+                    node, _exts = self.meta.get_extents(ino, idx, idx)
+                    lost = max(0, min(self.E, node.size - idx * self.E))
+                    self.index.add(key, lost, dirty=True, checked=False, pinned=ext.pinned,
+                                   last_write=now_mono)
                 else:
                     fixes[key] = replace(ext, flags=ext.flags & ~HOT)
                 continue
@@ -371,7 +376,10 @@ class Engine:
         has it (the caller fetches it again), else EIO."""
         _node, exts = self.meta.get_extents(ino, idx, idx)
         ext = exts.get(idx)
-        self.forget_hot(ino, idx)
+        if not (ext is not None and ext.hot and ext.dirty):
+            # A dirty one stays dirty in the index: sync --wait and unmount must go
+            # on saying it is not in the bucket.
+            self.forget_hot(ino, idx)
         if ext is None or not ext.hot:
             return
         if ext.dirty or not ext.obj_id:
