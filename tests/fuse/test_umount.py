@@ -192,3 +192,15 @@ def test_dirty_data_whose_hot_file_vanished_while_unmounted_is_reported_lost(mou
     res = m.cli("umount", m.mountpoint)
     m.pid = None
     assert res.returncode == 3 and "100.0 KiB in 1 extents is lost" in res.stderr, res.stderr
+
+
+def test_umount_through_a_symlink_to_the_mount_point(mount_factory, tmp_path):
+    """A symlink naming the mount point (/mnt/data -> /nvme/mnt) unmounts it; it was
+    said to be 'not mounted'."""
+    m = mount_factory()
+    link = tmp_path / "link"
+    link.symlink_to(m.mountpoint)
+    res = m.cli("umount", str(link))
+    assert res.returncode == 0, res.stderr
+    m.pid = None
+    assert res.stdout == f"unmounted {m.mountpoint}\n" and not m.mounted

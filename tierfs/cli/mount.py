@@ -211,9 +211,19 @@ def _wait_for_exit(pid: int, cache_dir: str, timeout: float) -> None:
             progress.close()
 
 
+def _follow_links(path: str, table: dict[str, str]) -> str:
+    """`path` with the symlinks it ends in followed, stopping at a mount point of
+    `table` (never stat'ed: its daemon may hang)."""
+    for _ in range(40):  # as the kernel, give up on a loop
+        if path in table or not os.path.islink(path):
+            break
+        path = os.path.normpath(os.path.join(os.path.dirname(path), os.readlink(path)))
+    return path
+
+
 def umount(mountpoint: str, timeout: float = 3600.0) -> int:
-    mp = os.path.abspath(mountpoint)
     table = mounts()
+    mp = _follow_links(os.path.abspath(mountpoint), table)
     fstype = table.get(mp)
     if fstype is None:
         raise UserError(_not_a_mount(mp, table))
