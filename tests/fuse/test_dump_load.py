@@ -134,3 +134,9 @@ def test_what_cannot_move_is_refused_in_one_line(mount_factory, postgres, tmp_pa
     assert not os.path.exists(fresh)  # checked before anything is created
     res = run_cli("load", __file__, fresh)
     assert res.returncode == 1 and "is not a tierfs dump" in res.stderr
+    for header in (b"[1]\n", b'{"tierfs_dump": 1}\n'):  # JSON, but no dump's header
+        with open(out, "wb") as f:
+            f.write(header)
+        res = run_cli("load", out, fresh)
+        assert res.returncode == 1 and "is not a tierfs dump" in res.stderr, res.stderr
+        assert len(res.stderr.splitlines()) == 1

@@ -104,7 +104,9 @@ def _read(path: str) -> tuple[dict, Iterator[tuple[bytes, bytes]]]:
     f = open(path, "rb")
     try:
         header = json.loads(f.readline())
-        if header.get(MAGIC) != VERSION:
+        # Valid JSON of another kind, or a header missing what check() reads: no dump.
+        if (not isinstance(header, dict) or header.get(MAGIC) != VERSION
+                or not {"format", "records", "xxh3"} <= header.keys()):
             raise ValueError("not a tierfs dump")
     except ValueError:
         f.close()
