@@ -82,6 +82,15 @@ async def read_after_restart(tmp_path, memory: MemoryStore, ino: int, size: int)
         meta.close()
 
 
+async def reads_back_after_power_cut(tmp_path, copies: SyncedCopies, memory: MemoryStore,
+                                     ino: int, data: bytes) -> None:
+    """Cut the power (the stack is stopped), start again: the file reads `data`."""
+    copies.power_cut(str(tmp_path / "meta"))
+    problems, got = await read_after_restart(tmp_path, memory, ino, len(data))
+    assert problems == []
+    assert got == data, got
+
+
 def test_data_fsynced_then_uploaded_and_evicted_survives_a_power_cut(tmp_path):
     """fsync makes a write durable with its extents dirty. Its upload then marks them
     clean and eviction drops their hot copies: if a power cut took those commits back
@@ -101,11 +110,7 @@ def test_data_fsynced_then_uploaded_and_evicted_survives_a_power_cut(tmp_path):
             puts.release()
             await settle(s)                 # uploaded
             assert s.evict_all() > 0        # hot copies dropped
-            memory = s.memory
-        copies.power_cut(str(tmp_path / "meta"))
-        problems, got = await read_after_restart(tmp_path, memory, ino, len(data))
-        assert problems == []
-        assert got == data, got
+        await reads_back_after_power_cut(tmp_path, copies, s.memory, ino, data)
 
     run(body)
 
@@ -139,10 +144,6 @@ def test_release_keeps_copies_whose_clean_records_are_not_durable_yet(tmp_path):
             out = actions.release(s.engine, ino)
             assert out["released"] == 0 and out["dirty_kept"] == 2, out
             copies.freeze()  # the power goes while that sync runs
-            memory = s.memory
-        copies.power_cut(str(tmp_path / "meta"))
-        problems, got = await read_after_restart(tmp_path, memory, ino, len(data))
-        assert problems == []
-        assert got == data, got
+        await reads_back_after_power_cut(tmp_path, copies, s.memory, ino, data)
 
     run(body)

@@ -29,6 +29,21 @@ DATABASE_AWAY = (r"metadata database .* (did not answer within|unreachable for|"
                  r"connection lost during COMMIT)")
 
 
+def written_open(path: str, data: bytes):
+    """A file created with `data` written (and flushed to the mount), left open."""
+    f = open(path, "wb")
+    f.write(data)
+    f.flush()
+    return f
+
+
+def close_fails_with_eio(f) -> None:
+    """close() while the database is away: the file cannot be published."""
+    with pytest.raises(OSError) as closing:
+        f.close()
+    assert closing.value.errno == errno.EIO
+
+
 def nodename(m) -> str:
     return os.path.basename(m.mountpoint)
 
@@ -538,14 +553,10 @@ def test_close_and_umount_while_the_database_does_not_answer_lose_nothing(
                       args=(*args, "--unmount-upload-timeout", "6"))
     a.allowed_log.append(DATABASE_AWAY)
     data = os.urandom(1024 * 1024 + 5)
-    f = open(a.path("f"), "wb")
-    f.write(data)
-    f.flush()
+    f = written_open(a.path("f"), data)
     own_postgres.pause()
     try:
-        with pytest.raises(OSError) as closing:
-            f.close()
-        assert closing.value.errno == errno.EIO
+        close_fails_with_eio(f)
         res = a.cli("umount", a.mountpoint, timeout=120)
     finally:
         own_postgres.resume()
@@ -852,14 +863,10 @@ def test_a_close_that_could_not_publish_is_published_once_the_database_is_back(
     b = mount_factory(cold_url=s3_url, env=env, name="b", args=args)
     a.allowed_log.append(DATABASE_AWAY)
     data = os.urandom(100_000)
-    f = open(a.path("f"), "wb")
-    f.write(data)
-    f.flush()
+    f = written_open(a.path("f"), data)
     own_postgres.pause()
     try:
-        with pytest.raises(OSError) as closing:
-            f.close()
-        assert closing.value.errno == errno.EIO
+        close_fails_with_eio(f)
     finally:
         own_postgres.resume()
     wait_until(lambda: _reads(b.path("f")) == data, 60, "A's closed file to reach B")
