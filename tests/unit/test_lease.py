@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 import pytest
 import trio
@@ -14,6 +15,7 @@ from tierfs.cold.memory import MemoryStore
 from tierfs.cold.retry import RetryingStore
 from tierfs.errors import ColdStoreError, ConditionalWritesUnsupported, UserError
 from tierfs.tier.lease import LEASE_KEY, Lease
+from tests.harness import wait_until
 
 
 class Interleaved:
@@ -202,3 +204,60 @@ def test_a_renewal_left_behind_at_unmount_does_not_undo_the_release(tmp_path):
     lease.release()
     assert lease.renew() is False
     assert json.loads(bucket.get(LEASE_KEY)).get("released") is True
+
+
+class CountsReads:
+    def __init__(self, inner):
+        self.inner = inner
+        self.reads = 0
+
+    def get_versioned(self, key):
+        self.reads += 1
+        return self.inner.get_versioned(key)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_live_holder_whose_clock_runs_behind_keeps_its_lease(tmp_path):
+    """The holder's clock runs five minutes behind: by the other node's clock its lease
+    expired long ago. The other node watches it first, sees it renewed, and is
+    refused instead of taking over a live mount."""
+    bucket = MemoryStore()
+    seen_by_b = Interleaved(bucket)
+    (tmp_path / "a").mkdir()
+    a = Lease(bucket, str(tmp_path / "a"), "/mnt/a", clock=lambda: time.time() - 300)
+    b = node(seen_by_b, tmp_path, "b")
+    b.watch_poll = 0.01
+    assert a.acquire() is None
+    seen_by_b.between = a.renew  # a renews while b watches
+    with pytest.raises(UserError, match="still renews its lease .* clocks disagree"):
+        b.acquire()
+    assert holder(bucket) == "/mnt/a" and a.renew() is True and not a.fenced
+
+
+def test_a_lease_that_lapsed_a_moment_ago_is_watched_then_taken(tmp_path):
+    """A holder that died a moment ago renews no more: after two of its renewal periods
+    unchanged, its lease is taken over without --force."""
+    bucket = MemoryStore()
+    (tmp_path / "a").mkdir()
+    a = Lease(bucket, str(tmp_path / "a"), "/mnt/a", ttl=0.3)  # renews every 0.1 s
+    assert a.acquire() is None
+    watched = CountsReads(bucket)
+    b = node(watched, tmp_path, "b")
+    b.watch_poll = 0.01
+    wait_until(lambda: json.loads(bucket.get(LEASE_KEY))["expires"] < time.time(), 5,
+               "a's lease to lapse")
+    assert "took over the lease of" in b.acquire()
+    assert holder(bucket) == "/mnt/b" and watched.reads > 2  # read again while watched
+
+
+def test_a_lease_that_lapsed_long_ago_is_taken_at_once(tmp_path):
+    bucket = MemoryStore()
+    (tmp_path / "a").mkdir()
+    a = Lease(bucket, str(tmp_path / "a"), "/mnt/a", clock=lambda: time.time() - 2 * 3600)
+    assert a.acquire() is None
+    watched = CountsReads(bucket)
+    b = node(watched, tmp_path, "b")
+    assert "took over the lease of" in b.acquire()
+    assert holder(bucket) == "/mnt/b" and watched.reads == 1

@@ -38,6 +38,10 @@ log = logging.getLogger(__name__)
 
 LEASE_KEY = "lease.json"
 TRIES = 3  # reads and conditional writes of the lease before giving up for now
+# A lease whose expiry passed less than this long ago by this node's clock may belong
+# to a live holder whose clock runs behind: it is watched for a renewal first.
+CLOCKS_MAY_DIFFER_S = 3600.0
+WATCH_POLL_S = 1.0  # how often a watched lease is read again
 
 
 def node_id(cache_dir: str) -> str:
@@ -55,9 +59,11 @@ def node_id(cache_dir: str) -> str:
 
 class Lease:
     def __init__(self, cold, cache_dir: str, mountpoint: str, ttl: float = 60.0,
-                 state: NodeState | None = None):
+                 state: NodeState | None = None, clock=time.time):
         self.cold = cold
         self.ttl = ttl
+        self.clock = clock  # this node's wall clock (the lease's times are the holder's)
+        self.watch_poll = WATCH_POLL_S
         self.me = {"node": node_id(cache_dir), "host": socket.gethostname(), "pid": os.getpid(),
                    "cache_dir": cache_dir, "mountpoint": mountpoint}
         self.state = state or NodeState()
@@ -100,7 +106,7 @@ class Lease:
         return lease, version
 
     def _body(self) -> bytes:
-        now = time.time()
+        now = self.clock()
         return json.dumps({**self.me, "renewed": now, "renew_every": self.ttl / 3,
                            "expires": now + self.ttl}).encode()
 
@@ -133,9 +139,12 @@ class Lease:
             self.previous = cur
             note = None
             if cur and cur.get("node") != self.me["node"] and not cur.get("released"):
-                left = cur.get("expires", 0) - time.time()
+                left = cur.get("expires", 0) - self.clock()
                 if left > 0 and not force:
                     raise UserError(self._refusal(cur, left))
+                if not force and -left < CLOCKS_MAY_DIFFER_S and self._renewed_while_watched(
+                        cur, version):
+                    continue  # renewed (its clock is behind this one's) or released
                 note = f"took over the lease of {self.describe(cur)}"
             if self._put(self._body(), version):
                 return note
@@ -143,11 +152,35 @@ class Lease:
                         f"while this node took it: another node is mounting it at this "
                         f"moment; try again")
 
+    def _renewed_while_watched(self, cur: dict, version: str | None) -> bool:
+        """Its expiry passed by this node's clock, yet a live holder whose clock runs
+        behind would still renew it: read it again for two of its renewal periods.
+        True if it changed meanwhile (read it anew); raises UserError if another node
+        renewed it. False: it lapsed for sure, and `version` is still the one there."""
+        every = float(cur.get("renew_every", self.ttl / 3))
+        log.warning("the writer lease of %s lapsed by this node's clock: making sure it is "
+                    "no longer renewed, for up to %.0fs (--force skips this)",
+                    self.describe(cur), 2 * every)
+        deadline = time.monotonic() + 2 * every
+        while time.monotonic() < deadline:
+            time.sleep(min(self.watch_poll, max(0.0, deadline - time.monotonic())))
+            now, now_version = self._read_versioned()
+            if now_version == version:
+                continue
+            if now and now.get("node") == cur.get("node") and not now.get("released"):
+                raise UserError(
+                    f"{self.cold.describe()} is mounted read-write by {self.describe(now)}, "
+                    f"which still renews its lease although its expiry time has passed by "
+                    f"this node's clock: the two nodes' clocks disagree; set them right "
+                    f"(NTP), or add --force if that node is dead after all")
+            return True
+        return False
+
     def _refusal(self, cur: dict, left: float) -> str:
         """Why a live lease keeps this node out. A holder that is alive renews the
         lease long before it lapses, so the lapse time only matters for a dead one."""
         every = cur.get("renew_every", self.ttl / 3)
-        renewed = time.time() - cur.get("renewed", cur.get("expires", 0) - self.ttl)
+        renewed = self.clock() - cur.get("renewed", cur.get("expires", 0) - self.ttl)
         return (f"{self.cold.describe()} is mounted read-write by {self.describe(cur)}, "
                 f"which renewed its lease {max(renewed, 0):.0f}s ago (it renews every "
                 f"{every:.0f}s while alive): unmount it there; if that node is dead, its "
