@@ -145,7 +145,7 @@ OPTIONS = (
     Option("min_free", "size", "free space to keep on the cache disk", low=0),
     Option("upload_delay", "float", "seconds after the last write before an extent is uploaded "
            "(up to 4x as long while the mount is being written)", low=0),
-    Option("upload_parallel", "int", "concurrent uploads", low=1),
+    Option("upload_parallel", "int", "concurrent uploads", low=1, high=1024),
     Option("pack_below", "size", "files up to this size are uploaded packed together into "
            "shared objects (0: never)", low=0),
     Option("pack_size", "size", "largest shared object of packed small files", low=1 << 20,
@@ -314,8 +314,13 @@ def _read_config_file(path: str) -> tuple[dict, dict]:
     out, given = {}, {}
     for key, value in raw.items():
         name = key.replace("-", "_")
+        if name in out:  # cache-dir and cache_dir: which one was meant?
+            raise UserError(f"config file {path} sets {name!r} twice: keep one of them")
         if name in ("cold_url", "mountpoint"):
-            out[name] = str(value)
+            if not isinstance(value, str) or not value:
+                raise UserError(f"{key} in config file {path} must be a non-empty string, "
+                                f"not {value!r}")
+            out[name] = value
             continue
         opt = _BY_NAME.get(name)
         if opt is None:

@@ -72,6 +72,9 @@ def test_env_alone_is_enough():
     ('cache_size = "huge"', 'cache_size = "huge" in config file .* is not a size'),
     ('cache_policy = "mru"', "choose one of lru, no-replace"),
     ("cache_size = [", "not valid TOML"),
+    ('cache-dir = "/a"\ncache_dir = "/b"', "sets 'cache_dir' twice: keep one of them"),
+    ('mountpoint = ["/mnt/a"]', r"mountpoint in config file .* must be a non-empty string, not \['/mnt/a'\]"),
+    ('cold_url = 7', "cold_url in config file .* must be a non-empty string, not 7"),
 ])
 def test_bad_config_file(tmp_path, content, message):
     conf = tmp_path / "t.toml"
@@ -101,7 +104,7 @@ BAD_VALUES = [
     ("min_free", "-1G", "must be ≥ 0"),
     ("upload_delay", "-1", "must be ≥ 0"),
     ("upload_delay", "nan", "is not a finite number of seconds"),
-    ("upload_parallel", "0", "must be ≥ 1"),
+    ("upload_parallel", "0", "is out of range: must be between 1 and 1024"),
     ("unmount_upload_timeout", "-0.5", "must be ≥ 0"),
     ("checkpoint_interval", "-300", "must be ≥ 0"),
     ("checkpoint_keep", "0", "must be ≥ 1"),
@@ -165,6 +168,7 @@ def test_bad_values_are_refused_naming_setting_and_source(tmp_path, source, name
     ("upload_parallel = 2.5", "upload_parallel = 2.5 in config file .* is not a whole number"),
     ("upload_parallel = true", "upload_parallel = true in config file .* is not a whole number"),
     ("metrics_port = 65536", "metrics_port = 65536 in config file .* must be between 0 and 65535"),
+    ("upload_parallel = 99999999999999999999", "upload_parallel = .* must be between 1 and 1024"),
 ])
 def test_native_toml_values_are_checked(tmp_path, toml, message):
     conf = tmp_path / "t.toml"
