@@ -181,7 +181,7 @@ class Checkpointer:
         # The local metadata goes to disk first (LMDB commits without fsync): after
         # a power cut it must not be older than a checkpoint in the bucket, whose
         # objects its counters would then hand out again.
-        await trio.to_thread.run_sync(engine.meta.sync, limiter=engine.io_limiter)
+        await engine.meta_sync.commits_so_far()
         try:
             await trio.to_thread.run_sync(engine.cold.put, checkpoint_name(seq), blob,
                                           limiter=engine.s3_limiter, abandon_on_cancel=True)

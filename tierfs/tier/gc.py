@@ -77,13 +77,14 @@ class GarbageCollector:
         if not ids:
             return 0
 
+        if not self.shared:
+            # LMDB commits without fsync: the changes that dropped these objects go to
+            # disk first, or a power cut could bring back records naming them.
+            await self.engine.meta_sync.commits_so_far()
+
         def delete_all() -> bool:
             if not self.still_ours():
                 return False  # taken over: the lease check fenced this node
-            if not self.shared:
-                # LMDB commits without fsync: the changes that dropped these objects go
-                # to disk first, or a power cut could bring back records naming them.
-                meta.sync()
             for obj_id in ids:
                 cold.delete(object_name(obj_id))
             return True
