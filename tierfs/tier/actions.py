@@ -37,17 +37,21 @@ async def prefetch(engine, ino: int, parallel: int = 8, for_write: bool = True,
         raise first_error(group) from None
 
 
+def _bytes_of(engine, ino: int, indices) -> int:
+    """Bytes of a file that these extents hold (the last one cut at the file's size)."""
+    size, E = engine.meta.get_inode(ino).size, engine.E
+    return sum(min(E, max(0, size - i * E)) for i in indices)
+
+
 def hot_bytes(engine, ino: int) -> int:
     """Bytes of a file whose extents are in the hot tier now."""
-    size, E = engine.meta.get_inode(ino).size, engine.E
-    return sum(min(E, max(0, size - i * E)) for i in engine.index.extents_of(ino))
+    return _bytes_of(engine, ino, engine.index.extents_of(ino))
 
 
 def cold_bytes(engine, ino: int) -> int:
     """Bytes of a file's extents that are not in the hot tier now (holes not counted)."""
-    size, E = engine.meta.get_inode(ino).size, engine.E
-    return sum(min(E, max(0, size - i * E))
-               for i, ext in engine.meta.all_extents(ino).items() if not ext.hot)
+    return _bytes_of(engine, ino, [i for i, ext in engine.meta.all_extents(ino).items()
+                                   if not ext.hot])
 
 
 async def prefetch_many(engine, inos: list[int], parallel: int = 8, pin: bool = False) -> dict:

@@ -36,7 +36,7 @@ MIN_DEPTH = 4
 MAX_DEPTH = 32
 HEAD = 32  # files at the front of a new hint list fetched at once, each on its own
 SKIPS_PER_PASS = 256  # hot files skipped between two checkpoints
-MAX_QUEUED = 4_000_000  # files waiting at most (a few hundred MB of the daemon's memory)
+MAX_QUEUED = 4_000_000  # files waiting at most (the queue and its counter cost memory per file)
 
 
 class HintQueue:
