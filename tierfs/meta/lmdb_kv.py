@@ -52,7 +52,8 @@ class LmdbKV:
 
     def run(self, fn, *args, **kwargs):
         """fn(*args, **kwargs), once more after growing a full map; if the map cannot
-        grow (at its limit, or a worker thread is reading), the caller gets ENOSPC."""
+        grow (at its limit, or a worker thread is reading: reading_in_thread() made
+        room before it began), the caller gets ENOSPC."""
         try:
             return fn(*args, **kwargs)
         except lmdb.MapFullError:
@@ -102,9 +103,20 @@ class LmdbKV:
         self.env.set_mapsize(self.map_size)
         return True
 
+    def used_bytes(self) -> int:
+        """How much of the map the database file uses."""
+        return (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
+
     @contextlib.contextmanager
     def reading_in_thread(self):
-        """Around a worker thread's read transactions: the map must not move under them."""
+        """Around a worker thread's read transactions: the map must not move under them.
+        Writes meanwhile cannot grow it, and cannot reuse the pages the reader's
+        snapshot holds: first the map gets room for as much again as the database
+        holds (called on the event loop, between its transactions), so that writes
+        during a checkpoint copy or a scan do not fail with ENOSPC."""
+        if not self.thread_readers:
+            while self.map_size < 2 * self.used_bytes() and self.grow():
+                pass
         self.thread_readers += 1
         try:
             yield
