@@ -24,7 +24,8 @@ log = logging.getLogger(__name__)
 def open_cold(cfg, stats=None):
     """The configured object store, with retries (and test faults if asked)."""
     store = cold_mod.open_store(cfg.cold_url, s3_endpoint=cfg.s3_endpoint,
-                                s3_region=cfg.s3_region, s3_path_style=cfg.s3_path_style)
+                                s3_region=cfg.s3_region, s3_path_style=cfg.s3_path_style,
+                                timeout=cfg.cold_timeout)
     try:
         RetryingStore(store, timeout=cfg.cold_timeout).check()  # throttling is retried
     except ColdConfigError:

@@ -5,8 +5,10 @@ session, only if an S3 test is selected); each test gets its own bucket.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import socket
 import subprocess
 import sys
 import threading
@@ -349,6 +351,83 @@ def test_s3_unreachable_endpoint(aws_env):
     with pytest.raises(ColdStoreError) as e2:
         s.get(KEY)
     assert e2.value.transient and not isinstance(e2.value, ColdConfigError)
+
+
+@contextlib.contextmanager
+def trickling_proxy(upstream: str, chunk: int = 64, pause: float = 0.05):
+    """A TCP proxy to `upstream` (http://HOST:PORT) passing requests and the answers'
+    headers through, then each body `chunk` bytes every `pause` seconds: a server or a
+    network that trickles, never silent long enough for a socket timeout. Yields its
+    endpoint URL."""
+    host, port = upstream.rsplit("//", 1)[1].split(":")
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+    sockets, threads = [listener], []
+
+    def pump(src, dst, trickle: bool):
+        head = b""
+        try:
+            while not stop.is_set():
+                data = src.recv(65536)
+                if not data:
+                    break
+                if trickle and head is not None:  # the headers go through at once
+                    head += data
+                    if b"\r\n\r\n" not in head:
+                        continue
+                    cut = head.index(b"\r\n\r\n") + 4
+                    dst.sendall(head[:cut])
+                    data, head = head[cut:], None
+                for i in range(0, len(data), chunk if trickle else len(data)):
+                    if stop.wait(pause if trickle else 0):
+                        return
+                    dst.sendall(data[i:i + (chunk if trickle else len(data))])
+        except OSError:
+            pass  # either side closed
+
+    def accept():
+        while not stop.is_set():
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # the listener closed
+            server = socket.create_connection((host, int(port)))
+            sockets.extend((client, server))
+            for src, dst, trickle in ((client, server, False), (server, client, True)):
+                t = threading.Thread(target=pump, args=(src, dst, trickle), daemon=True)
+                t.start()
+                threads.append(t)
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        acceptor.join()
+        for t in threads:
+            t.join()
+
+
+def test_s3_get_of_a_trickling_body_is_bounded(moto_endpoint, bucket):
+    """A body that trickles in (a degraded network or server), each byte within the
+    socket's read timeout, must not hold the GET, its worker thread and its S3 slot
+    for ever: past --cold-timeout (plus time for its size) the GET fails, transient
+    (retried), naming the setting."""
+    from tierfs.cold.s3 import S3Store
+
+    data = payload(8192)
+    S3Store(bucket, endpoint=moto_endpoint).put(KEY, data)
+    with trickling_proxy(moto_endpoint) as endpoint:
+        s3 = S3Store(bucket, endpoint=endpoint, read_timeout=5, get_timeout=0.5)
+        assert s3.get(KEY, 0, 64) == data[:64]  # a body that fits in time arrives
+        with pytest.raises(ColdStoreError) as e:
+            s3.get(KEY)
+    assert e.value.transient and "--cold-timeout" in str(e.value)
 
 
 def test_s3_no_credentials(moto_endpoint, aws_env, monkeypatch):

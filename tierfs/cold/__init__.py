@@ -139,8 +139,10 @@ def open_store(
     s3_endpoint: str | None = None,
     s3_region: str | None = None,
     s3_path_style: bool = False,
+    timeout: float = 30,
 ) -> ObjectStore:
-    """Build the store a cold URL names. Does not contact it; call check() for that."""
+    """Build the store a cold URL names. Does not contact it; call check() for that.
+    `timeout` (--cold-timeout) bounds an S3 GET's body (S3Store's MIN_GET_RATE)."""
     scheme, location, prefix = parse_cold_url(url)
     if scheme == "file":
         from tierfs.cold.file import FileStore
@@ -148,4 +150,5 @@ def open_store(
         return FileStore(location)
     from tierfs.cold.s3 import S3Store  # lazy: keeps boto3 out of non-S3 runs
 
-    return S3Store(location, prefix, endpoint=s3_endpoint, region=s3_region, path_style=s3_path_style)
+    return S3Store(location, prefix, endpoint=s3_endpoint, region=s3_region,
+                   path_style=s3_path_style, get_timeout=timeout)

@@ -6,9 +6,11 @@ and works without them when no S3 store is used.
 from __future__ import annotations
 
 import os
+import time
 
 import boto3
 import botocore.exceptions as bce
+import urllib3.exceptions
 from botocore.config import Config
 
 from tierfs.cold import check_s3_environment
@@ -28,6 +30,9 @@ _TRANSIENT = {
     "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
     "RequestTimeoutException", "InternalError", "ServiceUnavailable", "503", "500",
 }
+# A GET's body must arrive within its timeout plus this rate's time for its size: the
+# socket's read timeout bounds each wait for bytes, never a body that trickles in.
+MIN_GET_RATE = 1 << 20  # bytes per second
 
 
 def _config_error(e: Exception) -> ColdConfigError:
@@ -71,9 +76,11 @@ class S3Store:
         path_style: bool = False,
         connect_timeout: float = 10,
         read_timeout: float = 30,
+        get_timeout: float = 30,
     ) -> None:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
+        self.get_timeout = get_timeout  # --cold-timeout: see MIN_GET_RATE
         config = Config(
             max_pool_connections=32,
             retries={"max_attempts": 1, "mode": "standard"},  # tierfs retries itself
@@ -127,6 +134,36 @@ class S3Store:
             return ColdStoreError(f"{what} failed: {code} (HTTP {status})")
         return ColdStoreError(f"{what} failed: {e}")
 
+    def _read_body(self, resp, key: str, started: float) -> bytes:
+        """A GET's whole body, or a transient error once the GET runs past its deadline
+        (a stalled server or network must not hold a thread and an S3 slot for ever)."""
+        body, size = resp["Body"], resp.get("ContentLength")
+        if size is None:  # no length to read to (S3 always sends one)
+            return body.read()
+        limit = self.get_timeout + size / MIN_GET_RATE
+        deadline = started + limit
+        raw = body._raw_stream  # urllib3's response: read1() returns what has arrived
+        chunks, got = [], 0
+        try:
+            while got < size:
+                if time.monotonic() > deadline:
+                    body.close()
+                    raise ColdStoreError(
+                        f"get s3://{self.bucket}/{self._key(key)} failed: {got} of its "
+                        f"{size} bytes arrived in {limit:.0f}s: the bucket or the network "
+                        f"is too slow (raise --cold-timeout if it is expected)", transient=True)
+                chunk = raw.read1(size - got)
+                if not chunk:
+                    raise ColdStoreError(
+                        f"get s3://{self.bucket}/{self._key(key)} failed: the connection "
+                        f"closed after {got} of {size} bytes", transient=True)
+                chunks.append(chunk)
+                got += len(chunk)
+        except urllib3.exceptions.HTTPError as e:  # a read timeout, a reset
+            raise ColdStoreError(f"get s3://{self.bucket}/{self._key(key)} failed: {e}",
+                                 transient=True) from e
+        return b"".join(chunks)
+
     def _missing_bucket(self) -> str:
         return (
             f"bucket '{self.bucket}' does not exist at endpoint {self.endpoint}: "
@@ -154,9 +191,10 @@ class S3Store:
             last = "" if length is None else str(offset + length - 1)
             args["Range"] = f"bytes={offset}-{last}"
         try:
+            started = time.monotonic()
             resp = self._client.get_object(**args)
             # Read inside the try: a dropped connection surfaces while streaming.
-            return resp["Body"].read()
+            return self._read_body(resp, key, started)
         except bce.ClientError as e:
             if e.response.get("Error", {}).get("Code") == "InvalidRange":
                 return b""  # range starts at or after the end
@@ -166,8 +204,9 @@ class S3Store:
 
     def get_versioned(self, key: str) -> tuple[bytes, str]:
         try:
+            started = time.monotonic()
             resp = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
-            return resp["Body"].read(), resp["ETag"]
+            return self._read_body(resp, key, started), resp["ETag"]
         except (bce.BotoCoreError, bce.ClientError) as e:
             raise self._error(e, "get", key) from e
 
