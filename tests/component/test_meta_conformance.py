@@ -209,6 +209,24 @@ def test_unlink_in_use_orphans_then_purge(meta):
     assert meta.purge_orphan(f.ino) is False
 
 
+def test_unlink_of_a_huge_file_purges_it_in_parts(meta):
+    """A file with more extents than one purge transaction takes (LMDB runs them on
+    the event loop: a 1 TiB file's records held every request for seconds): the unlink
+    drops the name and at most purge_batch records, leaving an orphan whose records
+    purge_orphan deletes in parts, each in a transaction of its own."""
+    meta.purge_batch = 8
+    f = mkfile(meta, ROOT_INO, b"big")
+    meta.update(None, {(f.ino, i): Extent(obj_id=100 + i, obj_len=1) for i in range(20)})
+    assert meta.unlink(ROOT_INO, b"big", never) == (f.ino, False)
+    assert err(meta.lookup, ROOT_INO, b"big") == errno.ENOENT
+    assert meta.is_orphan(f.ino) and len(meta.all_extents(f.ino)) == 12
+    assert meta.purge_orphan(f.ino, 8) is None
+    assert len(meta.all_extents(f.ino)) == 4
+    assert meta.purge_orphan(f.ino, 8) is True
+    assert err(meta.get_inode, f.ino) == errno.ENOENT
+    assert meta.orphans() == [] and sorted(gc_ids(meta)) == list(range(100, 120))
+
+
 def test_purge_orphan_ignores_linked_inodes(meta):
     f = mkfile(meta, ROOT_INO, b"f")
     assert meta.purge_orphan(f.ino) is False

@@ -14,7 +14,7 @@ import trio.testing
 
 from tierfs.errors import FsError
 from tierfs.meta import scan
-from tierfs.meta.schema import object_name
+from tierfs.meta.schema import ROOT_INO, object_name
 
 from tierfs.tier import engine as engine_module
 from tierfs.tier.direct_write import DirectWrites
@@ -627,3 +627,38 @@ def test_a_write_that_fails_on_its_second_extent_keeps_records_and_index_agreed(
             await s.engine.write(ino, 5, b"zz")
             assert await _read(s, ino, 0, E, "after") == B[:5] + b"zz" + B[7:]
     run(body, timeout=20)
+
+
+def test_unlink_of_a_huge_file_lets_other_requests_in(tmp_path):
+    """The fs adapter's unlink of a file with more extents than one purge
+    transaction takes goes in parts, and other tasks run between them (a 1 TiB
+    file's purge held every request of the mount for seconds); in the end its
+    records and hot copies are gone and its objects wait for gc."""
+    from tierfs.fs.ops import Operations
+
+    async def scenario():
+        async with _stack(tmp_path, cache_size=32 * E) as s:
+            ino = s.create("big")
+            await s.engine.write(ino, 0, A * 20)
+            await settle(s)  # uploaded: each extent has an object for gc
+            objects = {s.record(ino, i).obj_id for i in range(20)}
+            s.meta.purge_batch = 4
+            ops = Operations(s.meta, s.engine)
+            seen, done = [], False
+
+            async def watch():
+                while not done:
+                    seen.append(len(s.meta.extent_indices(ino)))
+                    await trio.sleep(0)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(watch)
+                await ops.unlink(ROOT_INO, b"big", None)
+                done = True
+            assert any(0 < n < 20 for n in seen), seen  # ran between the parts
+            assert s.meta.extent_indices(ino) == [] and not s.meta.orphans()
+            assert not list(s.engine.index.indices(ino))
+            await until(lambda: not set(s.memory.list("data/")) & {
+                object_name(obj) for obj in objects}, what="gc to delete its objects")
+
+    run(scenario)

@@ -156,12 +156,23 @@ class Operations(pyfuse3.Operations):
         return ino in self.lookups or ino in self.open_count
 
     async def _maybe_purge(self, ino: int) -> None:
-        if not self._in_use(ino) and self.meta.purge_orphan(ino):
-            self.engine.drop_inode(ino)
+        """Purge an unlinked inode nothing uses any more: a huge file in parts, with
+        a checkpoint between them, so that other requests are served meanwhile."""
+        while not self._in_use(ino):
+            purged = self.meta.purge_orphan(ino, self.meta.purge_batch)
+            if purged is not None:
+                if purged:
+                    self.engine.drop_inode(ino)
+                return
+            await trio.sleep(0)
 
-    def _after_unlink(self, ino: int | None, purged: bool) -> None:
-        if ino is not None and purged:
+    async def _after_unlink(self, ino: int | None, purged: bool) -> None:
+        if ino is None:
+            return
+        if purged:
             self.engine.drop_inode(ino)
+        elif not self._in_use(ino) and self.meta.is_orphan(ino):
+            await self._maybe_purge(ino)  # too big to purge in one transaction
 
     def _new_fh(self, ino: int, flags: int) -> int:
         fh = self._next_fh
@@ -257,17 +268,17 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def unlink(self, parent_inode, name, ctx):
         self.state.check_writable()
-        self._after_unlink(*self.meta.unlink(parent_inode, name, self._in_use))
+        await self._after_unlink(*self.meta.unlink(parent_inode, name, self._in_use))
 
     @_guard
     async def rmdir(self, parent_inode, name, ctx):
         self.state.check_writable()
-        self._after_unlink(*self.meta.rmdir(parent_inode, name, self._in_use))
+        await self._after_unlink(*self.meta.rmdir(parent_inode, name, self._in_use))
 
     @_guard
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
         self.state.check_writable()
-        self._after_unlink(*self.meta.rename(
+        await self._after_unlink(*self.meta.rename(
             parent_inode_old, name_old, parent_inode_new, name_new, flags, self._in_use,
             pyfuse3.RENAME_NOREPLACE, pyfuse3.RENAME_EXCHANGE))
 

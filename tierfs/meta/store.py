@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import itertools
 import os
 import stat
 import threading
@@ -27,6 +28,9 @@ from .schema import Extent, Inode, Pack, Ref, Session, Superblock
 
 NAME_MAX = 255
 ID_BLOCK = 1024  # inode and object ids a node of a shared engine takes at a time
+# Extent records one transaction of a purge deletes (about 10 ms of LMDB work): a
+# huge file's purge goes in parts, so the requests waiting on the event loop get in.
+PURGE_BATCH = 4096
 
 
 def _transaction(method):
@@ -115,6 +119,10 @@ class MetaStore:
         # drops it is published, and never if another node's record names it again.
         self.private_objects: set[int] | None = None
         self.session: int | None = None  # this mount's session on a shared engine
+        # Unlinks purge at most this many extent records in their own transaction and
+        # leave the rest to purge_orphan(limit=...). None (a shared engine, called in
+        # worker threads, off the event loop): all at once.
+        self.purge_batch: int | None = None if self.kv.shared else PURGE_BATCH
         self._owner = b""  # what its orphan and upload-intent records say (schema: owner)
 
     # ---- lifecycle ------------------------------------------------------------
@@ -458,11 +466,12 @@ class MetaStore:
         if node.nlink > 0:
             txn.put(s.inode_key(node.ino), node.encode())
             return False
-        if in_use(node.ino):
+        # A file too big to purge in this transaction stays an orphan, as one still in
+        # use does: the caller purges the rest in parts (purge_orphan with a limit).
+        if in_use(node.ino) or not self._purge(txn, node.ino, self.purge_batch):
             txn.put(s.inode_key(node.ino), node.encode())
             txn.put(s.orphan_key(node.ino), self._owner)
             return False
-        self._purge(txn, node.ino)
         return True
 
     @_transaction
@@ -631,8 +640,20 @@ class MetaStore:
         return [Inode.decode(i, raw) for i, raw in zip(inos, raws)]
 
     # ---- orphans and purge ----------------------------------------------------
-    def _purge(self, txn, ino: int) -> None:
-        """Delete an inode and everything hanging off it; its objects go to gc."""
+    def _purge(self, txn, ino: int, limit: int | None = None) -> bool:
+        """Delete an inode and everything hanging off it; its objects go to gc. With
+        `limit`, first at most that many of its extent records: if more are left, False,
+        and the inode itself stays."""
+        if limit is not None:
+            prefix = s.extent_prefix(ino)
+            part = list(itertools.islice(self._scan(txn, prefix), limit + 1))
+            if len(part) > limit:
+                for key, val in part[:limit]:
+                    ext = Extent.decode(val)
+                    if ext.obj_id:
+                        self._drop_object(txn, ext.ref)
+                    txn.delete(key)
+                return False
         txn.delete(s.inode_key(ino))
         txn.delete(s.symlink_key(ino))
         txn.delete(s.orphan_key(ino))
@@ -646,15 +667,23 @@ class MetaStore:
                         self._drop_object(txn, ext.ref)
             for key in keys:
                 txn.delete(key)
+        return True
 
     @_transaction
-    def purge_orphan(self, ino: int) -> bool:
-        """Purge an unlinked inode once nothing uses it. Returns True if purged."""
+    def purge_orphan(self, ino: int, limit: int | None = None) -> bool | None:
+        """Purge an unlinked inode once nothing uses it. Returns True if purged, False
+        if it is no orphan; with `limit` (extent records in this transaction), None if
+        some are left: call again."""
         with self._write() as txn:
             if txn.get(s.orphan_key(ino)) is None:
                 return False
-            self._purge(txn, ino)
+            if not self._purge(txn, ino, limit):
+                return None
         return True
+
+    @_reads
+    def is_orphan(self, ino: int) -> bool:
+        return self.kv.get(s.orphan_key(ino)) is not None
 
     @_reads
     def orphans(self) -> list[int]:
