@@ -138,11 +138,12 @@ class S3Store:
         """A GET's whole body, or a transient error once the GET runs past its deadline
         (a stalled server or network must not hold a thread and an S3 slot for ever)."""
         body, size = resp["Body"], resp.get("ContentLength")
-        if size is None:  # no length to read to (S3 always sends one)
-            return body.read()
+        # urllib3's response under botocore's body: its read1() returns what has arrived.
+        raw = getattr(body, "_raw_stream", None)
+        if size is None or not hasattr(raw, "read1"):
+            return body.read()  # no length to read to (S3 always sends one), or no read1
         limit = self.get_timeout + size / MIN_GET_RATE
         deadline = started + limit
-        raw = body._raw_stream  # urllib3's response: read1() returns what has arrived
         chunks, got = [], 0
         try:
             while got < size:
