@@ -456,3 +456,26 @@ def test_the_feed_says_everything_after_it_lost_its_connection(own_server):
         listener.stop()
         a.close()
         b.close()
+
+
+def test_a_notification_the_feed_cannot_read_does_not_stop_it(nodes, postgres, caplog):
+    """Anyone who can reach the database can notify the filesystem's channel (another
+    tierfs version, a person testing): a payload that is JSON but not what the feed
+    sends is logged and read as "everything may have changed" (it may be a change all
+    the same), and the feed goes on telling other nodes' changes."""
+    a, b = nodes[0], nodes[1]
+    seen = Seen()
+    listener = b.watch(seen)
+    try:
+        assert listener.listening.wait(30)
+        at_start = seen.everything
+        for text in ('[1]', '{"inodes": ["x"]}', '{"entries": [[1, "not hex"]]}',
+                     '{"inodes": 5}', '"text"'):
+            postgres.sql(f"SELECT pg_notify('{b.kv.channel}', '{text}')")
+        f = a.create_node(ROOT_INO, b"after", REG, 0, 0)
+        seen.wait_for(lambda: (ROOT_INO, b"after") in seen.entries and f.ino in seen.inodes,
+                      timeout=10)
+        assert caplog.text.count("metadata change feed: a notification it cannot read") == 5
+        assert seen.everything == at_start + 5
+    finally:
+        listener.stop()

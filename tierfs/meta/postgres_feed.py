@@ -117,18 +117,25 @@ class Listener:
                 self._stop.wait(1.0)
 
     def _deliver(self, text: str) -> None:
+        # Anyone who can reach the database may notify the channel: a payload that is
+        # not what payload() writes must not end the thread (and with it the feed).
         try:
             msg = json.loads(text)
-        except ValueError:
-            log.error("metadata change feed: a notification that is not JSON: %.80r", text)
-            return
-        if msg.get("from") == self.sender:
-            return  # our own change: this node knows already
-        if msg.get("everything"):
+            if msg.get("from") == self.sender:
+                return  # our own change: this node knows already
+            everything = bool(msg.get("everything"))
+            inodes = {int(i) for i in msg.get("inodes", [])}
+            entries = {(int(p), bytes.fromhex(n)) for p, n in msg.get("entries", [])}
+        except (ValueError, TypeError, AttributeError):
+            # It may name a change all the same (a newer tierfs): assume the worst.
+            log.error("metadata change feed: a notification it cannot read: %.80r; "
+                      "dropping every cached name and attribute", text)
             self._tell(set(), set(), True)
             return
-        entries = {(int(p), bytes.fromhex(n)) for p, n in msg.get("entries", [])}
-        self._tell({int(i) for i in msg.get("inodes", [])}, entries, False)
+        if everything:
+            self._tell(set(), set(), True)
+            return
+        self._tell(inodes, entries, False)
 
     def _tell(self, inodes: set[int], entries: set, everything: bool) -> None:
         try:
