@@ -17,9 +17,11 @@ record version, so a later format can still read older records.
   E    b'E' ino:u64 index:u64                Extent (state bits, length, xxh3, object ref)
   O    b'O' ino:u64                          owner : inode unlinked while open, purged when
                                              its owner's session ends (at mount on LMDB)
-  G    b'G' object id:u64                    epoch:u64 [bytes:u64] : object to delete from the
-                                             bucket once every kept checkpoint is newer than
-                                             `epoch` (0: at once); its size when known
+  G    b'G' object id:u64                    epoch:u64 [bytes:u64 [stamp:8]] : object to
+                                             delete from the bucket once every kept checkpoint
+                                             is newer than `epoch` (0: at once); its size when
+                                             known; on a shared engine a random stamp, new each
+                                             time the object is queued (gc's grace)
   U    b'U' object id:u64                    owner : upload in flight (gc'd if its owner dies)
   N    b'N' session:u64                      Session (JSON): one mount of a shared engine,
                                              with its heartbeat

@@ -287,7 +287,10 @@ class MetaStore:
             self.private_objects.discard(obj_id)
         now = not referenced or obj_id in self._fresh
         self._fresh.discard(obj_id)
-        txn.put(s.gc_key(obj_id), s.u64(0 if now else self.epoch) + s.u64(size))
+        # Shared: a publish may take the object out of the queue and a later one put it
+        # back; a stamp of its own each time lets gc count its grace from then.
+        stamp = os.urandom(8) if self.kv.shared else b""
+        txn.put(s.gc_key(obj_id), s.u64(0 if now else self.epoch) + s.u64(size) + stamp)
 
     @_transaction
     def set_pack_refs(self, obj_id: int, refs: list[Ref], total: int | None = None) -> None:
@@ -824,15 +827,20 @@ class MetaStore:
                 out.append(won)
         return out
 
-    @_reads
     def gc_pending(self, limit: int | None = None) -> list[tuple[int, int]]:
         """(object id, epoch it was dropped in) of objects awaiting deletion."""
+        return [(obj_id, epoch) for obj_id, epoch, _record in self.gc_queue(limit)]
+
+    @_reads
+    def gc_queue(self, limit: int | None = None) -> list[tuple[int, int, bytes]]:
+        """gc_pending() with each object's queue record, which on a shared engine
+        differs each time the object is queued (see _drop_object)."""
         out = []
         with self._read() as txn:
             for key, val in self._scan(txn, b"G"):
                 if limit is not None and len(out) >= limit:
                     break
-                out.append((s.read_u64(key, 1), s.read_u64(val) if val else 0))
+                out.append((s.read_u64(key, 1), s.read_u64(val) if val else 0, val))
         return out
 
     @_reads

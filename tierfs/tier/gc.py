@@ -30,7 +30,8 @@ class GarbageCollector:
         self.interval = interval
         self.batch = batch
         self.grace = grace
-        self._seen: dict[int, float] = {}  # object id -> when first seen (monotonic)
+        # object id -> (its queue record, when this queueing was first seen: monotonic)
+        self._seen: dict[int, tuple[bytes, float]] = {}
         self.paused = lambda: False  # e.g. while this node is fenced off
         # Blocking lease check before deleting: a node taken over must not delete
         # objects that the new holder's metadata still references.
@@ -57,23 +58,28 @@ class GarbageCollector:
             return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
         return fn(*args)
 
-    def _ripe(self, ids: list[int]) -> list[int]:
-        """Those of `ids` seen at least `grace` seconds ago."""
+    def _ripe(self, queued: list[tuple[int, int, bytes]]) -> list[tuple[int, int]]:
+        """(id, epoch) of the `queued` objects first seen at least `grace` seconds ago
+        with the queue record they have now. An object that left the queue (a publish
+        named it again) and came back has a new record, so its grace starts again."""
         if not self.grace:
-            return ids
+            return [(i, epoch) for i, epoch, _record in queued]
         now = time.monotonic()
-        for obj_id in ids:
-            self._seen.setdefault(obj_id, now)
-        return [i for i in ids if now - self._seen[i] >= self.grace]
+        seen = {}
+        for obj_id, _epoch, record in queued:
+            known = self._seen.get(obj_id)
+            seen[obj_id] = known if known and known[0] == record else (record, now)
+        self._seen = seen  # objects no longer queued are forgotten
+        return [(i, epoch) for i, epoch, _record in queued if now - seen[i][1] >= self.grace]
 
     async def collect(self) -> int:
         meta, cold = self.meta, self.engine.cold
         if self.paused():
             return 0
         # Kept checkpoints may still reference an object dropped in epoch e.
-        pending = await self._call(meta.gc_pending, 16 * self.batch)
-        ids = [i for i, epoch in pending if self.engine.gc_guard(epoch)]
-        ids = self._ripe(ids)[:self.batch]
+        queued = await self._call(meta.gc_queue, 16 * self.batch)
+        ids = [i for i, epoch in self._ripe(queued) if self.engine.gc_guard(epoch)]
+        ids = ids[:self.batch]
         if not ids:
             return 0
 
