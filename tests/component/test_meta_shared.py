@@ -309,6 +309,34 @@ def test_a_commit_cut_off_is_looked_up_not_guessed(own_server):
         meta.close()
 
 
+def test_a_database_that_takes_no_writes_gives_eio_and_work_resumes(own_server, caplog):
+    """A server that refuses writes (a standby the URL reaches during a failover, a
+    database set read-only for maintenance) fails writes with EIO once the bound has
+    passed, logged in one line, never with an error of the database driver that no
+    caller expects (a FUSE request logs it as a bug, a background task restarts); a
+    write that waits while the server takes writes again goes through."""
+    url = own_server.new_schema()
+    meta = MetaStore(open_engine(url, wait=2.0))
+    try:
+        meta.format(Superblock(fs_id="read-only", extent_size=4 << 20), uid=0, gid=0)
+        kept = meta.create_node(ROOT_INO, b"kept", REG, 0, 0)
+        own_server.sql("ALTER SYSTEM SET default_transaction_read_only = on")
+        _reload(own_server, "default_transaction_read_only", "on")
+        assert err(meta.create_node, ROOT_INO, b"during", REG, 0, 0) == errno.EIO
+        assert "read-only transaction" in caplog.text
+        assert meta.lookup(ROOT_INO, b"kept") == kept.ino  # reads go on
+        meta.kv.wait = 60.0
+        out = run_together([lambda: meta.create_node(ROOT_INO, b"after", REG, 0, 0),
+                            lambda: (own_server.sql("ALTER SYSTEM RESET "
+                                                    "default_transaction_read_only"),
+                                     own_server.sql("SELECT pg_reload_conf()"))])
+        assert not isinstance(out[0], FsError), out
+        assert meta.lookup(ROOT_INO, b"after") == out[0].ino
+        assert err(meta.lookup, ROOT_INO, b"during") == errno.ENOENT
+    finally:
+        meta.close()
+
+
 def test_an_unreachable_database_is_one_clear_error(tmp_path):
     url = f"postgresql://postgres@/tierfs?host={tmp_path}"  # no server listens there
     with pytest.raises(UserError) as info:

@@ -124,6 +124,7 @@ class PostgresKV:
         self._watched = watched = self.answers.cursor_class()
         self._retryable = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected)
         self._unreachable = (psycopg.OperationalError, NoConnectionSlot)
+        self._failed = (psycopg.Error, NoConnectionSlot)  # any error of the server
         self.url = url
         self.where = describe(url)
         self.wait = wait
@@ -206,6 +207,10 @@ class PostgresKV:
                           "whether it committed cannot be learned (%s)", self.where,
                           first_line(e), outcome)
                 raise FsError(errno.EIO) from None
+        except self._psycopg.Error as e:
+            # Refused, not lost (a server that takes no writes during a failover or
+            # maintenance): nothing was committed, and it may pass like an outage.
+            raise _Retry(e) from None
         finally:
             conn_cm.__exit__(None, None, None)
 
@@ -235,7 +240,7 @@ class PostgresKV:
         try:
             with self.pool.connection() as conn:
                 row = conn.execute("SELECT v FROM tierfs_kv WHERE k = %s", (key,)).fetchone()
-        except self._unreachable as e:
+        except self._failed as e:
             raise _Retry(e) from None
         return row[0] if row else None
 
@@ -249,7 +254,7 @@ class PostgresKV:
         try:
             with self.pool.connection() as conn, conn.cursor() as cur:
                 yield _Txn(cur, None)
-        except self._unreachable as e:
+        except self._failed as e:
             raise _Retry(e) from None
 
     def write(self):
