@@ -5,7 +5,9 @@ explains, and two creates of one name give one success and one EEXIST."""
 from __future__ import annotations
 
 import errno
+import os
 import random
+import shutil
 import stat
 import threading
 import time
@@ -507,3 +509,36 @@ def test_a_notification_the_feed_cannot_read_does_not_stop_it(nodes, postgres, c
         assert seen.everything == at_start + 5
     finally:
         listener.stop()
+
+
+def test_the_feed_outlives_a_server_in_recovery(own_server):
+    """During a failover the URL may reach a standby, where LISTEN is refused (not a
+    lost connection): the feed keeps trying, and listens again once the server is
+    promoted."""
+    import pathlib
+    url = own_server.new_schema()
+    a, b = MetaStore(url), MetaStore(url)
+    seen = Seen()
+    listener = b.watch(seen)
+    try:
+        a.format(Superblock(fs_id="feed", extent_size=4 << 20), uid=0, gid=0)
+        assert listener.listening.wait(30)
+        own_server.stop()
+        standby = pathlib.Path(own_server.data, "standby.signal")
+        standby.touch()
+        if os.geteuid() == 0:  # the server runs as postgres (pg_server.py)
+            shutil.chown(standby, "postgres", "postgres")
+        own_server.start()
+        def refused() -> bool:
+            with open(own_server.log_path, errors="replace") as f:
+                return "cannot execute LISTEN during recovery" in f.read()
+        wait_until(refused, 30, "the feed to try LISTEN on the standby")
+        at_start = seen.everything
+        own_server.sql("SELECT pg_promote()")
+        seen.wait_for(lambda: seen.everything > at_start)  # listening again
+        a.create_node(ROOT_INO, b"after", REG, 0, 0)
+        seen.wait_for(lambda: (ROOT_INO, b"after") in seen.entries)
+    finally:
+        listener.stop()
+        a.close()
+        b.close()

@@ -108,7 +108,7 @@ class Listener:
                             # cut (NoAnswer): then listen again on a new one.
                             conn.execute("SELECT 1")
                             ping_due = time.monotonic() + PING_S
-            except self._psycopg.OperationalError as e:
+            except self._psycopg.Error as e:  # lost, or refused (LISTEN on a standby)
                 if not lost:
                     log.warning("metadata change feed lost its connection (%s); "
                                 "reconnecting", first_line(e))
