@@ -339,6 +339,30 @@ def test_a_database_that_takes_no_writes_gives_eio_and_work_resumes(own_server, 
         meta.close()
 
 
+def test_a_read_whose_commit_loses_its_connection_is_run_again(own_server, caplog):
+    """A read transaction changes nothing, so a connection lost at its COMMIT (the
+    server restarting) is an outage like any other: the read runs again, never EIO."""
+    url = own_server.new_schema()
+    meta = MetaStore(open_engine(url, wait=30.0))
+    try:
+        meta.format(Superblock(fs_id="read-cut", extent_size=4 << 20), uid=0, gid=0)
+        cut = []
+
+        def read_cut_before_commit():
+            with meta.kv.read() as txn:
+                found = txn.get(b"x")
+                if not cut:  # the first attempt: its backend ends before the COMMIT
+                    pid = txn.cur.execute("SELECT pg_backend_pid()").fetchone()[0]
+                    own_server.sql(f"SELECT pg_terminate_backend({pid})")
+                    cut.append(pid)
+            return found
+
+        assert meta.kv.run(read_cut_before_commit) is None
+        assert cut and "during COMMIT" not in caplog.text
+    finally:
+        meta.close()
+
+
 def test_an_unreachable_database_is_one_clear_error(tmp_path):
     url = f"postgresql://postgres@/tierfs?host={tmp_path}"  # no server listens there
     with pytest.raises(UserError) as info:

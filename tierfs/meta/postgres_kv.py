@@ -9,8 +9,8 @@ with a serialization failure and is run again (`run`). Reads run REPEATABLE
 READ, READ ONLY: one snapshot, never a serialization failure.
 
 While the server cannot be reached a call waits (reconnecting) up to `wait`
-seconds, then fails with EIO; a connection lost while COMMIT was in flight has
-an unknown outcome and fails at once with EIO (it is not run twice). A server
+seconds, then fails with EIO; a write whose connection was lost while its COMMIT
+was in flight is looked up (`outcome`: never run twice), a read is run again. A server
 that keeps its connections but does not answer gets as long for each statement
 (at least MIN_ANSWER_WAIT; postgres_deadline.py), then the call fails with EIO.
 """
@@ -197,7 +197,7 @@ class PostgresKV:
         except self._retryable as e:
             raise _Retry(e) from None
         except self._psycopg.OperationalError as e:
-            if not committing:
+            if not committing or not write:  # a read changes nothing: run it again
                 raise _Retry(e) from None
             outcome = self.outcome(xid)
             if outcome == "aborted":
