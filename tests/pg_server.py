@@ -176,3 +176,63 @@ def pg_server(timeout_s: float = 60, durable: bool = False) -> Iterator[PgServer
     finally:
         server.stop()
         shutil.rmtree(top, ignore_errors=True)
+
+
+class ForgetfulProxy:
+    """TCP in front of a test server's Unix socket. forget() makes every connection
+    open at that moment carry nothing from then on, without closing it, as a NAT or
+    firewall that forgot a connection while it was idle drops its packets; new
+    connections go through."""
+
+    def __init__(self, server: PgServer):
+        import socket
+        import threading
+        self._socket, self._threading = socket, threading
+        self.target = os.path.join(server.socket_dir, ".s.PGSQL.5432")
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._pairs: list[dict] = []
+        threading.Thread(target=self._accept, daemon=True, name="pg-proxy").start()
+
+    def url(self, server_url: str) -> str:
+        """`server_url` (a PgServer URL) through this proxy."""
+        return server_url.replace("@/", f"@127.0.0.1:{self.port}/").replace(
+            f"?host={os.path.dirname(self.target)}&", "?").replace(
+            f"?host={os.path.dirname(self.target)}", "")
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            upstream = self._socket.socket(self._socket.AF_UNIX)
+            upstream.connect(self.target)
+            pair = {"sockets": (client, upstream), "forgotten": False}
+            with self._lock:
+                self._pairs.append(pair)
+            for src, dst in ((client, upstream), (upstream, client)):
+                self._threading.Thread(target=self._pump, args=(pair, src, dst),
+                                       daemon=True).start()
+
+    @staticmethod
+    def _pump(pair: dict, src, dst) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                if not pair["forgotten"]:
+                    dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(2)  # SHUT_RDWR
+
+    def forget(self) -> None:
+        with self._lock:
+            for pair in self._pairs:
+                pair["forgotten"] = True
+
+    def close(self) -> None:
+        self.listener.close()
+        with self._lock:
+            for pair in self._pairs:
+                for sock in pair["sockets"]:
+                    sock.close()

@@ -11,12 +11,13 @@ import shutil
 import stat
 import threading
 import time
+import types
 
 import pytest
 
 from tests.component.test_meta_conformance import always, err, never
 from tests.harness import wait_until
-from tests.pg_server import pg_server
+from tests.pg_server import ForgetfulProxy, pg_server
 from tierfs.errors import FsError, SessionLost, UserError
 from tierfs.meta import MetaStore, scan
 from tierfs.meta.store import ID_BLOCK, open_engine
@@ -361,6 +362,30 @@ def test_a_read_whose_commit_loses_its_connection_is_run_again(own_server, caplo
         assert cut and "during COMMIT" not in caplog.text
     finally:
         meta.close()
+
+
+def test_a_connection_idle_longer_than_a_nat_keeps_it_is_not_used(own_server, monkeypatch):
+    """A NAT or firewall between a node and the server may forget a connection that
+    stayed idle (some after 4 minutes) and then drop its packets without a word: a
+    request sent on it would wait the whole bound and fail with EIO, though the
+    server is fine. The engine does not use a connection idle that long."""
+    from tierfs.meta import postgres_pool
+    clock = [1000.0]
+    monkeypatch.setattr(postgres_pool, "time",
+                        types.SimpleNamespace(monotonic=lambda: clock[0]), raising=False)
+    proxy = ForgetfulProxy(own_server)
+    meta = MetaStore(open_engine(proxy.url(own_server.new_schema()), wait=2.0))
+    try:
+        meta.format(Superblock(fs_id="nat", extent_size=4 << 20), uid=0, gid=0)
+        run_together([lambda: meta.create_node(ROOT_INO, b"a", REG, 0, 0),
+                      lambda: meta.create_node(ROOT_INO, b"b", REG, 0, 0)])
+        clock[0] += getattr(postgres_pool, "MAX_IDLE_S", 60.0) + 1
+        proxy.forget()  # every pooled connection now leads nowhere
+        after = meta.create_node(ROOT_INO, b"after", REG, 0, 0)
+        assert meta.lookup(ROOT_INO, b"after") == after.ino
+    finally:
+        meta.close()
+        proxy.close()
 
 
 def test_an_unreachable_database_is_one_clear_error(tmp_path):

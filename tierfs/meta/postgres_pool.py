@@ -11,6 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
+
+# Seconds a connection may stay idle and still be used. A NAT or firewall between a
+# node and the server may forget an idle connection (Azure's load balancers after 4
+# minutes) and drop its packets from then on without a word: a statement sent on it
+# would wait the engine's whole answer bound and fail. Reopening costs a round trip.
+MAX_IDLE_S = 60.0
 
 
 class NoConnectionSlot(Exception):
@@ -25,7 +32,7 @@ class Connections:
         self._slots = threading.BoundedSemaphore(size)
         self._slot_wait = slot_wait
         self._lock = threading.Lock()
-        self._idle: list = []
+        self._idle: list = []  # (connection, when it went idle), the newest last
         self._closed = False
 
     @contextlib.contextmanager
@@ -34,7 +41,12 @@ class Connections:
             raise NoConnectionSlot(f"no connection free within {self._slot_wait:.0f} s")
         try:
             with self._lock:
-                conn = self._idle.pop() if self._idle else None
+                fresh_since = time.monotonic() - MAX_IDLE_S
+                stale = [c for c, since in self._idle if since < fresh_since]
+                self._idle = [(c, since) for c, since in self._idle if since >= fresh_since]
+                conn = self._idle.pop()[0] if self._idle else None
+            for old in stale:
+                old.close()
             if conn is None:
                 conn = self._connect()
             try:
@@ -49,7 +61,7 @@ class Connections:
             conn.info.transaction_status == self._between_transactions
         with self._lock:
             if usable and not self._closed:
-                self._idle.append(conn)
+                self._idle.append((conn, time.monotonic()))
                 return
         conn.close()
 
@@ -57,7 +69,7 @@ class Connections:
         """A connection failed: the idle ones most likely lost their server too."""
         with self._lock:
             idle, self._idle = self._idle, []
-        for conn in idle:
+        for conn, _since in idle:
             conn.close()
 
     def close(self) -> None:
