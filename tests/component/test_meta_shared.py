@@ -388,6 +388,61 @@ def test_a_connection_idle_longer_than_a_nat_keeps_it_is_not_used(own_server, mo
         proxy.close()
 
 
+def test_a_change_that_keeps_losing_to_other_nodes_ends_with_eio(postgres, caplog):
+    """A change whose transaction every attempt loses to another node's (a long one
+    beside a stream of short ones touching the same records) is run again only until
+    the engine's bound has passed, then fails with EIO: no wait is unbounded."""
+    url = postgres.new_schema()
+    slow_kv, other_kv = open_engine(url, wait=1.0), open_engine(url, wait=1.0)
+    other_commits = threading.Condition()
+    committed = [0]
+    stop = threading.Event()
+
+    def short_change():  # reads y, writes x
+        with other_kv.write() as txn:
+            txn.get(b"y")
+            txn.put(b"x", b"%d" % committed[0])
+
+    def other_node():
+        while not stop.is_set():
+            other_kv.run(short_change)
+            with other_commits:
+                committed[0] += 1
+                other_commits.notify_all()
+
+    def slow_change():  # reads x, writes y: with short_change, a cycle one must lose
+        with slow_kv.write() as txn:
+            txn.get(b"x")
+            with other_commits:  # another node's change begun after the read commits
+                seen = committed[0]  # (the next one may have begun before: two)
+                other_commits.wait_for(lambda: committed[0] > seen + 1 or stop.is_set(), 10)
+            txn.put(b"y", b"slow")
+
+    outcome: list = []
+
+    def attempt():
+        try:
+            outcome.append(slow_kv.run(slow_change))
+        except FsError as e:
+            outcome.append(e)
+
+    competitor = threading.Thread(target=other_node)
+    slow = threading.Thread(target=attempt)
+    competitor.start()
+    slow.start()
+    try:
+        slow.join(60)
+        assert not slow.is_alive(), "a change that keeps losing was run again for 60 s"
+    finally:
+        stop.set()
+        competitor.join(30)
+        slow.join(30)
+        slow_kv.close()
+        other_kv.close()
+    assert [getattr(r, "errno", r) for r in outcome] == [errno.EIO]
+    assert "conflicting with other nodes' changes" in caplog.text
+
+
 def test_an_unreachable_database_is_one_clear_error(tmp_path):
     url = f"postgresql://postgres@/tierfs?host={tmp_path}"  # no server listens there
     with pytest.raises(UserError) as info:

@@ -271,8 +271,8 @@ class PostgresKV:
     def run(self, fn, *args, **kwargs):
         """Run fn(*args, **kwargs) (its own transactions) until it commits; serialization failures and
         deadlocks are retried at once with a short random pause, an unreachable
-        server until `wait` has passed since the first failure (then EIO)."""
-        first_failure = None
+        server; each until `wait` has passed since the first such failure (then EIO)."""
+        first_failure = first_conflict = None
         pause = 0.001
         while True:
             try:
@@ -281,6 +281,15 @@ class PostgresKV:
                 cause = e.args[0]
                 now = time.monotonic()
                 if isinstance(cause, self._retryable):
+                    # Other nodes' changes may win every time (a long transaction
+                    # beside a stream of short ones): a bound, as for an outage.
+                    if first_conflict is None:
+                        first_conflict = now
+                    elif now - first_conflict >= self.wait:
+                        log.error("metadata database %s: a change kept conflicting with "
+                                  "other nodes' changes for %.0f s: returning EIO",
+                                  self.where, now - first_conflict)
+                        raise FsError(errno.EIO) from None
                     pause = min(pause * 2, 0.05)
                 elif isinstance(cause, self._no_answer):  # the wait is spent already
                     self.pool.forget_idle()
