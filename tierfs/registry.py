@@ -88,9 +88,9 @@ def lookup(dev: int) -> dict | None:
     return None
 
 
-def _registered(dev: int, mountpoint: str) -> dict | None:
-    """The entry for the mount at `mountpoint` with device number `dev` (the mount
-    is not asked)."""
+def registered(dev: int, mountpoint: str) -> dict | None:
+    """The entry for the mount at `mountpoint` with device number `dev`, whether its
+    daemon runs or not (the mount is not asked)."""
     for directory in run_dirs():
         try:
             with open(_entry(directory, dev)) as f:
@@ -105,7 +105,7 @@ def _registered(dev: int, mountpoint: str) -> dict | None:
 def serving(dev: int, mountpoint: str) -> dict | None:
     """The registered daemon of this mount if it runs, found without asking the
     mount (which may be slow to answer while its metadata database is away)."""
-    info = _registered(dev, mountpoint)
+    info = registered(dev, mountpoint)
     return info if info is not None and _runs_as(info) else None
 
 
@@ -113,7 +113,7 @@ def dead_daemon(dev: int, mountpoint: str) -> int | None:
     """The pid of the daemon registered for this mount if it has died (gone, or its
     main thread exited while a thread of it is stuck in the kernel); None if it
     runs or nothing says which daemon the mount had."""
-    info = _registered(dev, mountpoint)
+    info = registered(dev, mountpoint)
     return info["pid"] if info is not None and not _runs_as(info) else None
 
 

@@ -161,7 +161,7 @@ def test_fsync_survives_the_daemon_killed_and_close_then_fails(pub):
     with pytest.raises(OSError) as err:
         f.close()
     assert err.value.errno == errno.EIO and "may be lost" in str(err.value)
-    m.remount()
+    m.start()  # removes the killed daemon's mount
     assert read_file(m.path("ckpt")) == data
 
 
@@ -171,7 +171,7 @@ def test_row_direct_close_returned_survives_kill9(pub):
     with tierfs.open(m.path("ckpt"), "wb") as f:
         f.write(data)
     m.kill9()
-    m.remount()
+    m.start()  # removes the killed daemon's mount
     assert read_file(m.path("ckpt")) == data
 
 

@@ -103,8 +103,9 @@ def test_a_new_mount_aborts_the_hung_mount_a_killed_daemon_left(hung):
 
 def test_umount_removes_the_hung_mount_a_killed_daemon_left(hung):
     res = hung.cli("umount", hung.mountpoint)
-    assert res.returncode == 0, res.stderr
-    assert "aborted the hung mount" in res.stdout
+    # A killed daemon's last changes may not be in the bucket: exit 3, as for any.
+    assert res.returncode == 3, res.stderr
+    assert "aborted the hung mount" in res.stderr and "safe in its cache dir" in res.stderr
     assert not hung.mounted
 
 

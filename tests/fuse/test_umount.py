@@ -204,3 +204,20 @@ def test_umount_through_a_symlink_to_the_mount_point(mount_factory, tmp_path):
     assert res.returncode == 0, res.stderr
     m.pid = None
     assert res.stdout == f"unmounted {m.mountpoint}\n" and not m.mounted
+
+
+def test_umount_of_a_killed_daemons_mount_does_not_say_all_is_in_the_bucket(mount_factory):
+    """The daemon was killed with data not uploaded: umount removed its stale mount and
+    exited 0, which promises everything is in the bucket. It exits 3 and says where
+    the data waits; the next mount uploads it."""
+    m = mount_factory(args=("--upload-delay", "3600"))
+    write_file(m.path("f"), pattern(64 * KiB, 5))
+    assert status(m)["dirty_extents"] == 1
+    m.kill9()
+    res = m.cli("umount", m.mountpoint)
+    assert res.returncode == 3, (res.stdout, res.stderr)
+    assert res.stdout == "" and "removed the stale mount" in res.stderr, res.stderr
+    assert f"safe in its cache dir {m.cache_dir}" in res.stderr, res.stderr
+    assert not m.mounted
+    m.start()
+    assert read_file(m.path("f")) == pattern(64 * KiB, 5)

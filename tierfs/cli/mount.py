@@ -221,6 +221,15 @@ def _follow_links(path: str, table: dict[str, str]) -> str:
     return path
 
 
+def _died(note: str, dev: int | None, mp: str) -> NotInBucket:
+    """A mount whose daemon was killed or crashed, now removed: nobody can tell what
+    reached the bucket (exit 3, as for a daemon that dies while it unmounts)."""
+    info = registry.registered(dev, mp) if dev is not None else None
+    where = "its cache dir" + (f" {info['cache_dir']}" if info and info.get("cache_dir") else "")
+    return NotInBucket(f"{note}; what it had not uploaded or checkpointed may not be in the "
+                       f"bucket: it is safe in {where} and goes up when you mount it again")
+
+
 def umount(mountpoint: str, timeout: float = 3600.0) -> int:
     table = mounts()
     mp = _follow_links(os.path.abspath(mountpoint), table)
@@ -233,10 +242,9 @@ def umount(mountpoint: str, timeout: float = 3600.0) -> int:
         alive = answers(mp)
     except OSError:
         alive = True  # an error answer: daemon_info below tells a dead daemon's mount
-    if not alive:  # its daemon died with the connection held open, or it hangs
-        print(release_hung_mount(mp))
-        return 0
     dev = mount_device(mp)
+    if not alive:  # its daemon died with the connection held open, or it hangs
+        raise _died(release_hung_mount(mp), dev, mp)
     # The registry first: asking the mount may wait for a shared namespace's database.
     info = registry.serving(dev, mp) if dev is not None else None
     try:
@@ -244,8 +252,7 @@ def umount(mountpoint: str, timeout: float = 3600.0) -> int:
         pid = info["pid"]
     except UserError:
         unmount_lazy(mp)  # the daemon is dead: only the stale mount is left
-        print(f"removed the stale mount at {mp} (its daemon had died)")
-        return 0
+        raise _died(f"removed the stale mount at {mp} (its daemon had died)", dev, mp) from None
     res = subprocess.run(["fusermount3", "-u", mp], capture_output=True, text=True)
     if res.returncode != 0:
         if "busy" in res.stderr.lower():
