@@ -30,13 +30,15 @@ ANSWER_WAIT_S = 60.0  # a daemon that does not answer a hint within this is give
 
 def hint(paths: Iterable[str], *, replace: bool = False) -> int:
     """Ask the daemon to prefetch `paths` (in a tierfs mount) in the given order.
-    With replace=True the new list replaces the hints still pending. Returns the
-    number of files queued."""
+    Each process has its own list: with replace=True the new list replaces the
+    hints this process still has pending. Returns the number of files queued."""
     return _send(paths, replace, lambda: True)
 
 
-def _send(paths: Iterable[str], replace: bool, still_wanted: Callable[[], bool]) -> int:
-    """hint(), stopping between requests once `still_wanted()` is false."""
+def _send(paths: Iterable[str], replace: bool, still_wanted: Callable[[], bool],
+          name: str = "") -> int:
+    """hint() on the list `name` of this process, stopping between requests once
+    `still_wanted()` is false."""
     paths = [_absolute(p) for p in paths]
     if not paths:
         return 0
@@ -46,7 +48,7 @@ def _send(paths: Iterable[str], replace: bool, still_wanted: Callable[[], bool])
     for start, end in _requests(rel):
         if not still_wanted():
             break
-        queued += call(paths[0], "hint", daemon=info, wait_s=ANSWER_WAIT_S,
+        queued += call(paths[0], "hint", daemon=info, wait_s=ANSWER_WAIT_S, list=name,
                        paths=rel[start:end], replace=replace and start == 0)["queued"]
     return queued
 
@@ -103,6 +105,10 @@ class HintingSampler:
     def __init__(self, sampler, paths: Sequence[str]):
         self.sampler = sampler
         self.paths = paths
+        # Its own list, named after its data set: a sampler over other files (a
+        # validation set) keeps its own, one made anew over the same files (a loader
+        # rebuilt every epoch) replaces the list of the one before.
+        self._list = f"{len(paths)} {os.fspath(paths[0])}" if len(paths) else ""
         self._warned = False
         self._epoch = 0
         self._sending = threading.Lock()  # one epoch's list at a time
@@ -119,7 +125,8 @@ class HintingSampler:
             if epoch != self._epoch:
                 return  # a newer epoch's list is on its way
             try:
-                _send([self.paths[i] for i in order], True, lambda: epoch == self._epoch)
+                _send([self.paths[i] for i in order], True, lambda: epoch == self._epoch,
+                      self._list)
             except Exception as e:  # hints are an optimisation: never break training
                 if not self._warned:
                     log.warning("tierfs hints disabled for this sampler: %s", e)

@@ -387,3 +387,33 @@ def test_a_hint_list_that_begins_with_a_missing_file_skips_it(mount_factory):
     write_file(m.path("ds", "a"), b"a")
     assert tierfs.hint([m.path("ds", "gone"), m.path("ds", "a")]) == 1
     assert tierfs.hint([m.path("nodir", "gone"), m.path("ds", "a")], replace=True) == 1
+
+
+def hint_from_another_process(*lists: list[str]) -> None:
+    """tierfs.hint(paths, replace=True) of each list in turn, in one other process (a
+    rank of the same job on this node)."""
+    code = ("import json, sys, tierfs\n"
+            "for paths in json.loads(sys.argv[1]):\n"
+            "    tierfs.hint(paths, replace=True)\n")
+    subprocess.run([sys.executable, "-c", code, json.dumps(lists)], check=True, timeout=60)
+
+
+def test_ranks_on_one_node_keep_their_own_hint_lists(mount_factory, tmp_path):
+    """Two ranks of a job on one node each send their epoch order with replace=True
+    (each its own HintingSampler): the second replaced the first one's list, and
+    only the last rank's files were prefetched. Each process now has its own list."""
+    faults = tmp_path / "faults.json"
+    m = mount_factory(args=("--extent-size", "1M", "--fault-file", str(faults),
+                            "--pack-below", "0"))
+    names = [m.path(f"s{i:02d}") for i in range(2 * (HEAD + 8))]
+    write_cold(m, names, 20_000)
+    rank0, rank1 = names[:HEAD + 8], names[HEAD + 8:]
+    faults.write_text(json.dumps({"hang": True, "hang_ops": ["get"]}))  # nothing done yet
+    try:
+        assert tierfs.hint(rank0, replace=True) == len(rank0)
+        hint_from_another_process(rank1)
+    finally:
+        faults.write_text(json.dumps({}))
+    wait_until(lambda: all(file_is_hot(p) for p in rank0 + rank1), 60,
+               "the hinted files of both ranks to be hot")
+

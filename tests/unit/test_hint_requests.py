@@ -7,6 +7,7 @@ import os
 import pytest
 
 from tierfs import hints
+from tierfs.hints import HintingSampler
 
 
 def slices(rel):
@@ -49,3 +50,13 @@ def test_paths_are_made_relative_to_the_mount_whatever_their_spelling(tmp_path, 
     assert hints._relative(absolute, root) == ["a/b", "a/c", "a/d", "e", "."]
     with pytest.raises(ValueError, match="not inside the tierfs mount"):
         hints._relative([f"{root}x/f"], root)
+
+
+def test_a_sampler_over_the_same_files_takes_over_the_list_of_the_one_before():
+    """Each HintingSampler hints on a list named after its files: one made anew over
+    the same files every epoch replaces its predecessor's list, where a list per
+    sampler would leave the old ones queued beside it; other files get their own."""
+    train = [f"/mnt/t/ds/{i}" for i in range(10)]
+    first, again = HintingSampler(range(10), train), HintingSampler(range(10), list(train))
+    other = HintingSampler(range(3), ["/mnt/t/val/0", "/mnt/t/val/1", "/mnt/t/val/2"])
+    assert first._list == again._list != other._list

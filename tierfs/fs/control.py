@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import stat
+import struct
 import time
 
 import trio
@@ -47,6 +48,14 @@ XATTR_SIZE_MAX = 65536  # the kernel's limit on one xattr value
 # Files a quick action on many (release_many, unpin_many) handles between two turns
 # of the event loop: a few milliseconds of work.
 EACH_PASS = 64
+MAX_LIST_NAME = 256  # characters of a hint list's name kept
+
+
+def peer_pid(sock: socket.socket) -> int:
+    """The pid of the process that connected (SO_PEERCRED)."""
+    pid, _uid, _gid = struct.unpack("iII", sock.getsockopt(
+        socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("iII")))
+    return pid
 
 
 def _add_extent(out: dict, ext, length: int) -> None:
@@ -460,7 +469,10 @@ class Control:
                                         call=self.view.call if self.view else None)
         inos = [ino for ino in found if ino is not None]
         await self.pull(inos)
-        queued = self.daemon.hints.add(inos, bool(req.get("replace")))
+        # Each client its own list (the sending process, and the name it gives one:
+        # a sampler), so the ranks of a job do not replace each other's lists.
+        client = (peer_pid(reply.stream.socket), str(req.get("list", ""))[:MAX_LIST_NAME])
+        queued = self.daemon.hints.add(inos, bool(req.get("replace")), client)
         return {"queued": queued, "unknown": len(found) - len(inos),
                 "dropped": len(inos) - queued}
 
