@@ -20,6 +20,8 @@ import threading
 from typing import Callable, Iterable, Sequence
 
 from .client import call, daemon_info
+from .errors import UserError
+from .mount_table import TABLE
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +33,8 @@ ANSWER_WAIT_S = 60.0  # a daemon that does not answer a hint within this is give
 def hint(paths: Iterable[str], *, replace: bool = False) -> int:
     """Ask the daemon to prefetch `paths` (in a tierfs mount) in the given order.
     Each process has its own list: with replace=True the new list replaces the
-    hints this process still has pending. Returns the number of files queued."""
+    hints this process still has pending (an empty one just drops them, on every
+    tierfs mount). Returns the number of files queued."""
     return _send(paths, replace, lambda: True)
 
 
@@ -41,6 +44,8 @@ def _send(paths: Iterable[str], replace: bool, still_wanted: Callable[[], bool],
     `still_wanted()` is false."""
     paths = [_absolute(p) for p in paths]
     if not paths:
+        if replace:
+            _clear(name)
         return 0
     info = _daemon_of(paths[0])
     rel = _relative(paths, info["mountpoint"])
@@ -51,6 +56,16 @@ def _send(paths: Iterable[str], replace: bool, still_wanted: Callable[[], bool],
         queued += call(paths[0], "hint", daemon=info, wait_s=ANSWER_WAIT_S, list=name,
                        paths=rel[start:end], replace=replace and start == 0)["queued"]
     return queued
+
+
+def _clear(name: str) -> None:
+    """Drop this process's list `name` on every tierfs mount it sees (an empty list
+    names no mount). A mount whose daemon is gone holds no hints."""
+    for point in TABLE.points_of_type("fuse.tierfs"):
+        try:
+            call(point, "hint", wait_s=ANSWER_WAIT_S, list=name, paths=[], replace=True)
+        except UserError:
+            continue
 
 
 def _daemon_of(path: str) -> dict:

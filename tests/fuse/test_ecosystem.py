@@ -417,3 +417,26 @@ def test_ranks_on_one_node_keep_their_own_hint_lists(mount_factory, tmp_path):
     wait_until(lambda: all(file_is_hot(p) for p in rank0 + rank1), 60,
                "the hinted files of both ranks to be hot")
 
+
+def test_an_empty_replacing_hint_list_drops_the_hints_still_queued(mount_factory, tmp_path):
+    """tierfs.hint([], replace=True) (a job that stops its prefetch) sent nothing, so
+    the files still queued were fetched all the same. It now drops them: a loader's
+    read of one is no longer taken for prefetch being behind."""
+    faults = tmp_path / "faults.json"
+    m = mount_factory(args=("--extent-size", "1M", "--fault-file", str(faults),
+                            "--pack-below", "0"))
+    names = [m.path(f"s{i:02d}") for i in range(HEAD + 8)]
+    write_cold(m, names, 20_000)
+    faults.write_text(json.dumps({"hang": True, "hang_ops": ["get"]}))  # the head stays in flight
+    reader = threading.Thread(target=read_file, args=(names[-1],))
+    try:
+        hint_from_another_process(names, [])
+        wait_until(lambda: status(m)["fetches_in_flight"] == HEAD, 30, "the list's head in flight")
+        reader.start()  # the loader reaches the last file: a miss
+        wait_until(lambda: status(m)["fetches_in_flight"] == HEAD + 1, 30, "the loader's miss")
+        assert "hint_depth_raised" not in status(m)["counters"], "the list was not dropped"
+    finally:
+        faults.write_text(json.dumps({}))
+        if reader.ident is not None:  # started
+            reader.join(60)
+    assert read_file(names[-1]) == pattern(20_000, len(names) - 1)
