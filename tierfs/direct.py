@@ -15,7 +15,9 @@ Anything the direct path does not cover falls back to the builtin `open()`, logg
 once per reason (never an error): another mode than "rb", a path outside a tierfs
 mount, a daemon that cannot be reached or does not offer direct reads, a mount run
 with --no-default-permissions, special files. Errors the daemon finds (no such file,
-permission denied, a directory) raise what `open()` raises.
+permission denied, a directory) raise what `open()` raises. A daemon that takes the
+request and answers neither it nor a ping (stopped, stuck) raises TimeoutError
+(ETIMEDOUT) within ANSWER_CHECK_S + PING_WAIT_S: open() would wait on the same daemon.
 
 `fileno()` raises io.UnsupportedOperation: there is no single descriptor of the
 file, and libraries that test for one (numpy.load) then read through read() and
@@ -58,6 +60,12 @@ READALL_TAIL = 4096        # readall(): the last bytes short of this go through 
 MOUNT_BELOW = 1 << 20
 START_READS_BELOW = 1 << 20  # open_many starts the disk reads of files this small
 NEGATIVE_TTL = 30.0        # seconds a "not a tierfs mount" or "use the mount" answer is kept
+# An answer may take long (cold extents fetched first), but the daemon's event loop
+# answers a ping at once while it works: an answer not here after ANSWER_CHECK_S
+# sends one, and a daemon that does not answer that within PING_WAIT_S (stopped,
+# stuck) fails the call with ETIMEDOUT.
+ANSWER_CHECK_S = 10.0
+PING_WAIT_S = 10.0
 _ANC_SPACE = socket.CMSG_SPACE(253 * array.array("i").itemsize)  # the kernel's SCM_MAX_FD
 _ZEROS = bytes(1 << 20)
 _MODES = ("rb", "br")
@@ -215,6 +223,8 @@ def _exchange(mount: _Mount, req: dict) -> tuple[list[tuple[dict, list[int]]], d
                                 f"{e.strerror}", unreachable=True) from None
         try:
             out = _talk(conn.sock, {"cmd": "direct_open", "keep": True, **req})
+        except TimeoutError:  # the daemon is stopped or stuck: a new connection waits too
+            raise
         except (_Fallback, OSError):
             conn.sock.close()
             conn = None
@@ -234,12 +244,24 @@ def _talk(sock: socket.socket, req: dict) -> tuple[list[tuple[dict, list[int]]],
     and the final line."""
     lines: list[tuple[dict, list[int]]] = []
     pending: list[int] = []  # received descriptors not yet matched to their line
+    daemon = sock.getpeername()  # its control socket's path
     try:
-        sock.sendall(json.dumps(req).encode() + b"\n")
+        sock.settimeout(ANSWER_CHECK_S + PING_WAIT_S)  # a live daemon reads requests at once
+        try:
+            sock.sendall(json.dumps(req).encode() + b"\n")
+        except TimeoutError:
+            raise _not_answering(sock, daemon) from None
+        sock.settimeout(ANSWER_CHECK_S)
         buf = bytearray()
         while True:
             # Close-on-exec, as open() makes its descriptors: a program it runs gets none.
-            data, anc, flags, _addr = sock.recvmsg(1 << 16, _ANC_SPACE, socket.MSG_CMSG_CLOEXEC)
+            try:
+                data, anc, flags, _addr = sock.recvmsg(1 << 16, _ANC_SPACE,
+                                                       socket.MSG_CMSG_CLOEXEC)
+            except TimeoutError:
+                if _answers_ping(daemon):
+                    continue  # at work on the request
+                raise _not_answering(sock, daemon) from None
             for level, kind, cdata in anc:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                     fds = array.array("i")
@@ -269,6 +291,32 @@ def _talk(sock: socket.socket, req: dict) -> tuple[list[tuple[dict, list[int]]],
         raise
     finally:
         _close_all(pending)
+
+
+def _answers_ping(path: str) -> bool:
+    """Whether the daemon listening at `path` answers a ping within PING_WAIT_S (a
+    refused or dropped connection counts: it is not stuck, and the answer awaited
+    says the rest)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
+        sock.settimeout(PING_WAIT_S)
+        try:
+            sock.connect(path)
+            sock.sendall(b'{"cmd": "ping"}\n')
+            sock.recv(1)
+        except TimeoutError:
+            return False
+        except OSError:
+            pass
+    return True
+
+
+def _not_answering(sock: socket.socket, daemon: str) -> TimeoutError:
+    """The error of a call whose daemon is stopped or stuck. The connection is
+    closed: an answer coming later must not be taken for the next request's."""
+    sock.close()
+    return TimeoutError(errno.ETIMEDOUT, f"the tierfs daemon at {daemon} does not answer: "
+                        f"if it was stopped, kill -CONT its pid; if it is stuck, kill -USR1 "
+                        f"writes what it waits for to tierfs.log next to that socket")
 
 
 def _ask(mount: _Mount, req: dict) -> list[tuple[dict, list[int]]]:

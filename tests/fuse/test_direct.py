@@ -947,3 +947,43 @@ def test_unreachable_or_older_daemon_reads_through_the_mount(pub, caplog):
     with tierfs.open(m.path("f"), "rb") as f:
         assert is_direct(f)
     assert counters(m).get("direct_open_files") == 1
+
+
+def test_a_stopped_daemon_fails_a_direct_open_instead_of_hanging(mount_factory):
+    """A daemon that takes the connection and never answers (stopped with SIGSTOP, or
+    stuck) left tierfs.open waiting forever, on a path it places by name without
+    asking the kernel. Now a call whose answer is late pings the daemon, and fails
+    with ETIMEDOUT once that goes unanswered too (both waits shortened here)."""
+    import signal
+    import sys
+    m = mount_factory(args=("--extent-size", "64K"))
+    write_file(m.path("f"), pattern(4 * E, 1))
+    code = ("import sys, tierfs, tierfs.direct as d\n"
+            "d.ANSWER_CHECK_S = d.PING_WAIT_S = 0.5\n"
+            "tierfs.open_many([sys.argv[1]])[0].close()  # the mount is known from now on\n"
+            "print('ready', flush=True)\n"
+            "sys.stdin.readline()\n"
+            "try:\n"
+            "    tierfs.open_many([sys.argv[1]])\n"
+            "except TimeoutError as e:\n"
+            "    print('timeout', e.errno, e, flush=True)\n")
+    child = subprocess.Popen([sys.executable, "-c", code, m.path("f")], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stopped = False
+    try:
+        assert child.stdout.readline() == "ready\n", child.stderr.read()
+        os.kill(m.pid, signal.SIGSTOP)
+        stopped = True
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        out, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+        if stopped:
+            os.kill(m.pid, signal.SIGCONT)
+    assert out.startswith(f"timeout {errno.ETIMEDOUT} "), (out, err)
+    assert "does not answer" in out and m.cache_dir in out, out
+    with tierfs.open(m.path("f"), "rb") as f:  # the daemon runs again: all is as before
+        assert f.read() == pattern(4 * E, 1)
