@@ -344,6 +344,29 @@ def test_fsspec_urls_read_and_write_the_hot_tier_directly(pub):
     assert not os.path.exists(m.path("ckpt"))
 
 
+
+def test_fsspec_transactions_write_aside_and_commit_or_discard(pub):
+    """Files opened for writing inside fs.transaction are written aside and moved in
+    place when it ends, or dropped if it fails. tierfs:// wrote them in place at
+    once, and the end of the transaction then failed (AttributeError: no commit())."""
+    fsspec = pytest.importorskip("fsspec")
+    m = pub()
+    fs = fsspec.filesystem("tierfs")
+    kept, dropped = m.path("kept.bin"), m.path("dropped.bin")
+    data = pattern(3 * E + 1, 7)
+    with fs.transaction:
+        with fs.open("tierfs://" + kept, "wb") as f:
+            f.write(data)
+        assert not os.path.exists(kept), "written in place before the commit"
+    assert read_file(kept) == data
+    with pytest.raises(RuntimeError):
+        with fs.transaction:
+            with fs.open("tierfs://" + dropped, "wb") as f:
+                f.write(data)
+            raise RuntimeError("the job fails before its commit")
+    assert sorted(os.listdir(m.mountpoint)) == ["kept.bin"]
+
+
 ACCELERATED = r"""
 import os, sys
 sys.path.insert(0, sys.argv[3])
