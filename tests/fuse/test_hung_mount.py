@@ -125,6 +125,40 @@ def test_a_mount_that_hangs_with_its_daemon_alive_is_left_alone(mount_factory):
     assert read_file(m.path("f")) == b"kept"
 
 
+def test_sync_wait_on_a_daemon_stopped_meanwhile_ends_and_says_so(mount_factory, tmp_path):
+    """A daemon stopped (or stuck) while `tierfs sync --wait` waits for it: the command
+    waited for ever, past its own --timeout. It ends once the daemon has said nothing
+    for SYNC_SILENCE_S (it sends progress every half second), with exit 3: the data is
+    not known to be in the bucket."""
+    from tierfs.cli.tiering import SYNC_SILENCE_S
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps({}))
+    m = mount_factory(args=("--fault-file", str(faults), "--upload-delay", "3600"))
+    faults.write_text(json.dumps({"hang": True, "hang_ops": ["put"]}))  # uploads wait
+    write_file(m.path("f"), b"not in the bucket yet")
+    sync = subprocess.Popen([sys.executable, "-m", "tierfs", "sync", m.mountpoint, "--wait",
+                             "--timeout", "3600"], env=m.env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    stopped = False
+    try:
+        wait_until(lambda: "control_requests:sync" in json.loads(m.cli(
+            "status", m.mountpoint, "--json", check=True).stdout)["counters"], 60,
+            "the sync to reach the daemon")
+        os.kill(m.pid, signal.SIGSTOP)
+        stopped = True
+        out, err = sync.communicate(timeout=SYNC_SILENCE_S + 60)
+    finally:
+        if sync.poll() is None:
+            sync.kill()
+            sync.communicate()
+        if stopped:
+            os.kill(m.pid, signal.SIGCONT)
+        faults.write_text(json.dumps({}))
+    assert sync.returncode == 3, (out, err)
+    assert "said nothing" in err and "not known to be in the bucket" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
 def test_the_guard_aborts_the_connection_a_killed_daemon_left_open(mount_factory):
     """No command needed: calls on the mount fail with ENOTCONN instead of waiting,
     the log says why, and the next mount replaces the dead one."""

@@ -115,6 +115,9 @@ def for_each_file(verb: str, cmd: str, args, files=None) -> tuple[list[dict], li
 
 
 SYNC_INOS = 100_000  # inode numbers per sync request (well within its 8 MiB at most)
+# sync --wait: the daemon sends a progress line every half second; one silent this
+# long is stopped or stuck, and the wait ends (exit 3) instead of lasting for ever.
+SYNC_SILENCE_S = 30.0
 # Files per request of prefetch, pin, release and unpin (a prefetch's files packed next to
 # each other come in one GET).
 BATCH_FILES = 1024
@@ -291,7 +294,8 @@ def _sync_wait(path: str, inos, timeout: float) -> dict:
     done = 0
     last = None
     try:
-        for last in request(path, "sync", inos=inos, wait=True, timeout=timeout):
+        for last in request(path, "sync", inos=inos, wait=True, timeout=timeout,
+                            wait_s=SYNC_SILENCE_S):
             if not last.get("progress"):
                 break
             error = last.get("upload_error")
@@ -306,6 +310,11 @@ def _sync_wait(path: str, inos, timeout: float) -> dict:
                 told_error = True
                 print(f"tierfs: waiting for {format_size(left)} to reach the bucket, "
                       f"which fails: {error}", file=sys.stderr)
+    except TimeoutError:
+        raise NotInBucket(f"sync failed: the tierfs daemon said nothing for "
+                          f"{SYNC_SILENCE_S:g}s (stopped or stuck? kill -USR1 on its pid "
+                          f"writes what it waits for to its log): files under {path} are "
+                          f"not known to be in the bucket") from None
     finally:
         progress.close()
     if last is None or last.get("progress"):

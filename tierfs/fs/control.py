@@ -307,14 +307,16 @@ class Control:
         inos = set(req["inos"]) if req.get("inos") is not None else None
         before = self.engine.index.dirty_bytes
         total = self._dirty(inos)  # what this sync waits for, for the client's progress
-        await self.engine.sync_all()
         if req.get("wait"):
             timeout = float(req.get("timeout") or 0) or float("inf")
             failed = None
             with trio.move_on_after(timeout) as scope:
                 async with trio.open_nursery() as nursery:
+                    # Progress lines from the start: a client that hears nothing for
+                    # long takes the daemon for stopped or stuck.
                     nursery.start_soon(self._sync_progress, inos, total, reply)
                     try:
+                        await self.engine.sync_all()
                         await self._sync_wait(inos)
                     except TierfsError as e:  # raised out of a nursery it would be a group
                         failed = e
@@ -332,6 +334,7 @@ class Control:
                                      if held else "")
                                   + "; they keep uploading")
         else:
+            await self.engine.sync_all()
             if inos is None:
                 self.daemon.space.need_upload.set()
             else:
