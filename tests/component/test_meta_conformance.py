@@ -475,6 +475,19 @@ def test_extents_ranges_update_and_gc(meta):
     assert gc_ids(meta) == []
 
 
+def test_last_extent_indices_read_a_file_from_its_end(meta):
+    f = mkfile(meta, ROOT_INO, b"f")
+    other = mkfile(meta, ROOT_INO, b"other")  # its records follow f's
+    meta.update(None, {(f.ino, i): Extent(flags=HOT | DIRTY) for i in (0, 3, 4, 256, 1280)})
+    meta.update(None, {(other.ino, 0): Extent(flags=HOT | DIRTY)})
+    assert meta.last_extent_indices(f.ino, 0, 3) == [1280, 256, 4]
+    assert meta.last_extent_indices(f.ino, 4, 10) == [1280, 256, 4]
+    assert meta.last_extent_indices(f.ino, 5, 10) == [1280, 256]
+    assert meta.last_extent_indices(f.ino, 1281, 10) == []
+    assert meta.last_extent_indices(other.ino, 0, 10) == [0]  # the last records stored
+    assert meta.last_extent_indices(999_999, 0, 10) == []
+
+
 def test_put_extent_if(meta):
     f = mkfile(meta, ROOT_INO, b"f")
     old = Extent(flags=HOT | DIRTY)

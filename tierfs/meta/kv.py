@@ -20,6 +20,9 @@ An engine provides:
   scan(txn, start, end, values=True)
                           (key, value) pairs with start <= key < end in key order
                           (value None when values=False)
+  last_keys(txn, start, end, limit)
+                          the highest `limit` keys with start <= key < end, highest
+                          first (a huge file's tail, without reading the rest)
   get_many(txn, keys)     the values of many keys (None where missing), in one round trip
                           where the engine has round trips
   scan_many(txn, ranges, values=True)

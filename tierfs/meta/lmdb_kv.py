@@ -81,6 +81,21 @@ class LmdbKV:
                     return
                 yield key, None
 
+    def last_keys(self, txn, start: bytes, end: bytes, limit: int) -> list[bytes]:
+        cur = txn.cursor()
+        if not cur.set_range(end):  # nothing at or above `end`: start from the last key
+            if not cur.last():
+                return []
+        elif not cur.prev():
+            return []
+        out = []
+        while len(out) < limit and cur.key() >= start:
+            if cur.key() < end:
+                out.append(cur.key())
+            if not cur.prev():
+                break
+        return out
+
     def get_many(self, txn, keys: list[bytes]) -> list[bytes | None]:
         return [txn.get(key) for key in keys]
 

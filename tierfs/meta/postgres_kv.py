@@ -321,6 +321,11 @@ class PostgresKV:
                 return
             start = rows[-1][0] + b"\x00"
 
+    def last_keys(self, txn, start: bytes, end: bytes, limit: int) -> list[bytes]:
+        rows = txn.cur.execute("SELECT k FROM tierfs_kv WHERE k >= %s AND k < %s"
+                               " ORDER BY k DESC LIMIT %s", (start, end, limit)).fetchall()
+        return [row[0] for row in rows]
+
     def get_many(self, txn, keys: list[bytes]) -> list[bytes | None]:
         if len(keys) <= 1:
             return [txn.get(key) for key in keys]

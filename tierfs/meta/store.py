@@ -762,6 +762,15 @@ class MetaStore:
                 out.append(s.read_u64(key, 9))
         return out
 
+    @_reads
+    def last_extent_indices(self, ino: int, first: int, limit: int) -> list[int]:
+        """Indices of a file's last `limit` extent records from index `first` on,
+        highest first (keys only: the rest of a huge file is not read)."""
+        with self._read() as txn:
+            keys = self.kv.last_keys(txn, s.extent_key(ino, first),
+                                     prefix_end(s.extent_prefix(ino)), limit)
+        return [s.read_u64(key, 9) for key in keys]
+
     def all_extents(self, ino: int) -> dict[int, Extent]:
         return self.get_extents(ino, 0, (1 << 64) - 1)[1]
 
