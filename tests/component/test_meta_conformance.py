@@ -14,7 +14,7 @@ from tierfs.errors import FsError
 from tierfs.meta import MetaStore, scan
 from tierfs.meta import schema as s
 from tierfs.meta.schema import DIRTY, HOT, ROOT_INO, Extent, Pack, Ref, Superblock
-from tierfs.meta.store import Published
+from tierfs.meta.store import COUNTED_RECORDS, Published, count_blocks
 
 REG = stat.S_IFREG | 0o644
 DIR = stat.S_IFDIR | 0o755
@@ -639,6 +639,86 @@ def test_attrs_and_readdir_plus_count_blocks_of_present_extents(meta):
     _n, _p, rest = meta.readdir_plus(d.ino, page[-1][0], 2, E)
     assert [(n, f[0].ino, f[1]) for _c, n, f in rest] == [(b"empty", empty.ino, 0)]
     assert [c for c, _n, _f in page + rest] == [c for c, _n, _i in meta.readdir(d.ino, 0)]
+
+
+def _blocks_by_scan(meta, ino: int) -> int:
+    node = meta.get_inode(ino)
+    return count_blocks(node, meta.extent_indices(ino), E)
+
+
+def test_blocks_follow_every_change_of_the_extent_records(meta):
+    """st_blocks of a big file (its record count kept on LMDB) after each way the
+    records or the size change: always what counting every record gives."""
+    f = mkfile(meta, ROOT_INO, b"f")
+    n = COUNTED_RECORDS + 10
+    f.size = (n + 5) * E - 100  # holes at 3 and 4, and after the records
+    meta.update(f, {(f.ino, i): Extent(obj_id=100 + i, length=E)
+                    for i in range(n) if i not in (3, 4)})
+
+    def check(why: str) -> None:
+        node = meta.get_inode(f.ino)
+        assert meta.blocks(node, E) == _blocks_by_scan(meta, f.ino), why
+
+    check("first stat")
+    check("second stat")
+    meta.update(None, {(f.ino, 3): Extent(flags=HOT | DIRTY)})
+    check("a hole filled")
+    meta.update(None, {(f.ino, 10): None})
+    check("a record deleted")
+    meta.update(None, {(f.ino, n + 4): Extent(flags=HOT | DIRTY)})
+    check("the last extent written")
+    assert meta.put_extent_if(f.ino, 0, Extent(obj_id=100, length=E), Extent(flags=HOT))
+    check("a record replaced")
+    f = meta.get_inode(f.ino)
+    f.size = 20 * E + 7
+    meta.update(f)
+    check("shrunk with records past the end")
+    meta.update(None, {(f.ino, 20): Extent(flags=HOT | DIRTY), (f.ino, 40): None})
+    check("records past the end changed")
+    meta.delete_raw([s.extent_key(f.ino, 5)])
+    check("a record deleted raw")
+    meta.take_view(meta.get_inode(f.ino), {(f.ino, 4): Extent(obj_id=99, length=E)}, [])
+    check("a pulled record")
+    held = {i: Extent(flags=HOT | DIRTY).published(42) for i in range(0, 30, 2)}
+    meta.publish([Published(f.ino, 30 * E, 1, 2, held, 0)], 42, "node-a")
+    check("published")
+    meta.update(None, {(f.ino, i): Extent(flags=HOT | DIRTY) for i in range(30, 30 + n)})
+    check("records added past the end")
+    meta.unlink(ROOT_INO, b"f", always)  # in use: an orphan, purged below in parts
+    assert meta.purge_orphan(f.ino, 4) is None
+    check("part of a purge")
+
+
+def test_a_stat_of_a_big_file_reads_its_records_once(tmp_path):
+    """blocks() of a file of many extent records reads them all once; later stats
+    read only the last one, until a change of the records."""
+    meta = MetaStore(str(tmp_path / "meta"), map_size=1 << 30)
+    try:
+        meta.format(Superblock(fs_id="test", extent_size=E), uid=0, gid=0)
+        f = mkfile(meta, ROOT_INO, b"f")
+        f.size = 1000 * E
+        meta.update(f, {(f.ino, i): Extent(obj_id=1 + i, length=E) for i in range(1000)})
+        read = []
+        scan = meta.kv.scan
+
+        def counting(txn, start, end, values=True):
+            for key, val in scan(txn, start, end, values):
+                if key.startswith(s.extent_prefix(f.ino)):
+                    read.append(key)
+                yield key, val
+
+        meta.kv.scan = counting
+        assert meta.blocks(f, E) == 1000 * E // 512
+        read.clear()
+        assert meta.blocks(f, E) == 1000 * E // 512
+        assert len(read) <= 1, f"a stat read {len(read)} extent records"
+        meta.update(None, {(f.ino, 500): None})
+        assert meta.blocks(f, E) == 999 * E // 512
+        read.clear()
+        assert meta.blocks(f, E) == 999 * E // 512
+        assert len(read) <= 1, f"a stat read {len(read)} extent records"
+    finally:
+        meta.close()
 
 
 def test_file_view_and_publish(meta):

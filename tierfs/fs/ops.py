@@ -18,7 +18,6 @@ import trio
 
 from ..errors import FsError, TierfsError
 from ..meta import MetaStore
-from ..meta.store import count_blocks
 from ..meta.schema import Inode
 from ..tier.engine import Engine, kill_suid
 
@@ -145,9 +144,7 @@ class Operations(pyfuse3.Operations):
         return e
 
     def _blocks(self, node: Inode) -> int:
-        if not stat.S_ISREG(node.mode) or node.size == 0:
-            return count_blocks(node, (), self.engine.E)
-        return count_blocks(node, self.meta.extent_indices(node.ino), self.engine.E)
+        return self.meta.blocks(node, self.engine.E)
 
     def _looked_up(self, ino: int, n: int = 1) -> None:
         self.lookups[ino] = self.lookups.get(ino, 0) + n
