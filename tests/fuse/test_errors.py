@@ -492,3 +492,41 @@ def test_a_request_that_is_not_a_json_object_gets_an_error(mnt):
         s.sendall(b"[1, 2]\n")
         assert json.loads(s.recv(4096)) == {"ok": False, "error": "a request is a JSON object"}
     assert "Traceback" not in mnt.log()
+
+
+@pytest.mark.parametrize("line, names", [
+    (b"not json at all", "JSON"),
+    (b"[" * 100_000, "JSON"),
+    (b'{"cmd": "release"}', '"ino"'),
+    (b'{"cmd": "release", "ino": "five"}', '"ino"'),
+    (b'{"cmd": "scrub", "ino": -1}', '"ino"'),
+    (b'{"cmd": "unpin", "ino": 1180591620717411303424}', '"ino"'),
+    (b'{"cmd": "status", "ino": 1.5}', '"ino"'),
+    (b'{"cmd": "status", "dir_ino": 1, "limit": "all"}', '"limit"'),
+    (b'{"cmd": "release_many", "inos": 5}', '"inos"'),
+    (b'{"cmd": "unpin_many", "inos": [1, "x"]}', '"inos"'),
+    (b'{"cmd": "prefetch_many"}', '"inos"'),
+    (b'{"cmd": "prefetch_many", "inos": [1], "parallel": "many"}', '"parallel"'),
+    (b'{"cmd": "sync", "inos": 7}', '"inos"'),
+    (b'{"cmd": "sync", "wait": true, "timeout": "soon"}', '"timeout"'),
+    (b'{"cmd": "hint", "paths": "a/b"}', '"paths"'),
+])
+def test_a_malformed_request_gets_one_error_naming_what_is_wrong(mnt, line, names):
+    """Any local user may write to the control socket. A line that is not JSON, or a
+    command whose arguments are missing or of the wrong type, got no answer (the
+    client waited for one) and, for the arguments, an ERROR traceback in the log."""
+    import socket
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(30)
+        s.connect(os.path.join(mnt.cache_dir, "control.sock"))
+        s.sendall(line + b"\n")
+        answer = b""
+        while chunk := s.recv(4096):
+            answer += chunk
+    lines = answer.splitlines()
+    assert len(lines) == 1, answer
+    reply = json.loads(lines[0])
+    assert reply["ok"] is False and names in reply["error"], reply
+    assert "Traceback" not in mnt.log()
+    from tierfs.client import call
+    assert call(mnt.mountpoint, "ping")["ok"]  # the daemon goes on

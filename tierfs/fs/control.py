@@ -51,6 +51,42 @@ EACH_PASS = 64
 MAX_LIST_NAME = 256  # characters of a hint list's name kept
 
 
+class BadRequest(TierfsError):
+    """A request line that is not JSON, or whose arguments are missing or of the
+    wrong type: its answer says which (any local user may send one)."""
+
+
+INO_LIMIT = 1 << 64  # inode numbers are unsigned 64-bit (the metadata keys hold no more)
+
+
+def arg_ino(req: dict, name: str = "ino") -> int:
+    """req[name] as an inode number; BadRequest where it is none."""
+    value = req.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < INO_LIMIT:
+        raise BadRequest(f'bad request: "{name}" must be an inode number, not {value!r:.40}')
+    return value
+
+
+def arg_inos(req: dict, name: str = "inos") -> list[int]:
+    """req[name] as a list of inode numbers; BadRequest where it is none."""
+    value = req.get(name)
+    if not isinstance(value, list):
+        raise BadRequest(f'bad request: "{name}" must be a list of inode numbers, '
+                         f'not {value!r:.40}')
+    return [arg_ino({name: v}, name) for v in value]
+
+
+def arg_number(req: dict, name: str, default: float) -> float:
+    """req[name], a number not below 0 (`default` where it is left out or null)."""
+    value = req.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise BadRequest(f'bad request: "{name}" must be a number not below 0, '
+                         f'not {value!r:.40}')
+    return value
+
+
 def peer_pid(sock: socket.socket) -> int:
     """The pid of the process that connected (SO_PEERCRED)."""
     pid, _uid, _gid = struct.unpack("iII", sock.getsockopt(
@@ -226,12 +262,13 @@ class Control:
         # A file or a directory gets its own figures only: the whole-mount ones cost a
         # scan of every extent and answer another question.
         if req.get("ino"):
-            await self.pull([int(req["ino"])])
-            out["file"] = self.file_state(int(req["ino"]))
+            ino = arg_ino(req)
+            await self.pull([ino])
+            out["file"] = self.file_state(ino)
             return out
         if req.get("dir_ino"):
-            top = int(req["dir_ino"])
-            limit = int(req.get("limit") or TREE_LIMIT)
+            top = arg_ino(req, "dir_ino")
+            limit = int(arg_number(req, "limit", 0)) or TREE_LIMIT
             walk = TreeWalk(self.ns, self.engine.E, top, limit)
             # In slices, each its own worker-thread hop: between them the map may grow
             # and the trio thread is never kept waiting on a long walk.
@@ -304,11 +341,11 @@ class Control:
                 pass  # gone, or its data unreachable: the command reports it per file
 
     async def cmd_sync(self, req, reply):
-        inos = set(req["inos"]) if req.get("inos") is not None else None
+        inos = set(arg_inos(req)) if req.get("inos") is not None else None
         before = self.engine.index.dirty_bytes
         total = self._dirty(inos)  # what this sync waits for, for the client's progress
         if req.get("wait"):
-            timeout = float(req.get("timeout") or 0) or float("inf")
+            timeout = float(arg_number(req, "timeout", 0)) or float("inf")
             failed = None
             with trio.move_on_after(timeout) as scope:
                 async with trio.open_nursery() as nursery:
@@ -396,10 +433,11 @@ class Control:
         """Prefetch (and with "pin", pin) many files in one request, so that files
         packed together come in one GET (actions.prefetch_many). Per file: its
         result, or {"error": ...}."""
-        inos = [int(i) for i in req["inos"]]
+        inos = arg_inos(req)
+        parallel = int(arg_number(req, "parallel", 8))
         await self.pull(inos)
         results = await self._fetching(inos, req, reply, actions.prefetch_many(
-            self.engine, inos, int(req.get("parallel", 8)), pin=bool(req.get("pin"))))
+            self.engine, inos, parallel, pin=bool(req.get("pin"))))
         files = {}
         for ino, res in results.items():
             if isinstance(res, Exception):
@@ -409,12 +447,12 @@ class Control:
         return {"files": files}
 
     async def cmd_release(self, req, reply):
-        return actions.release(self.engine, int(req["ino"]))
+        return actions.release(self.engine, arg_ino(req))
 
     async def cmd_release_many(self, req, reply):
         """release of many files in one request: `tierfs release -r` of a data set
         costs one connection per BATCH_FILES files, not one per file."""
-        return {"files": await self._each([int(i) for i in req["inos"]],
+        return {"files": await self._each(arg_inos(req),
                                           lambda ino: actions.release(self.engine, ino))}
 
     async def _each(self, inos: list[int], action) -> dict:
@@ -468,6 +506,8 @@ class Control:
 
     async def cmd_hint(self, req, reply):
         paths = req.get("paths", [])
+        if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+            raise BadRequest('bad request: "paths" must be a list of paths')
         found = await resolve_in_passes(self.ns, paths,
                                         call=self.view.call if self.view else None)
         inos = [ino for ino in found if ino is not None]
@@ -480,15 +520,17 @@ class Control:
                 "dropped": len(inos) - queued}
 
     async def cmd_scrub(self, req, reply):
-        await self.pull([int(req["ino"])])
-        return await actions.scrub(self.engine, int(req["ino"]))
+        ino = arg_ino(req)
+        await self.pull([ino])
+        return await actions.scrub(self.engine, ino)
 
     async def cmd_unpin(self, req, reply):
-        await self.pull([int(req["ino"])])
-        return {"unpinned": actions.set_pinned(self.engine, int(req["ino"]), False)}
+        ino = arg_ino(req)
+        await self.pull([ino])
+        return {"unpinned": actions.set_pinned(self.engine, ino, False)}
 
     async def cmd_unpin_many(self, req, reply):
-        inos = [int(i) for i in req["inos"]]
+        inos = arg_inos(req)
         await self.pull(inos)
         return {"files": await self._each(
             inos, lambda ino: {"unpinned": actions.set_pinned(self.engine, ino, False)})}
@@ -571,8 +613,13 @@ class Control:
                     line = bytes(buf[:end])
                     del buf[:end + 1]
                     count()
-                    req = json.loads(line)
                     reply = Reply(stream, conn)
+                    try:
+                        req = json.loads(line)
+                    except (ValueError, RecursionError):  # RecursionError: nested too deep
+                        await reply({"ok": False, "error": "bad request: a request is one "
+                                     "line of JSON"})
+                        return
                     if not isinstance(req, dict):
                         await reply({"ok": False, "error": "a request is a JSON object"})
                         return
