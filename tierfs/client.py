@@ -11,6 +11,11 @@ from .errors import UserError
 from .mountpoint import DEAD_MOUNT
 
 CONTROL_XATTR = "user.tierfs.control"
+# A command may take long (prefetch fetches first), but the daemon's event loop answers
+# a ping at once while it works: a reply not here after ANSWER_CHECK_S sends one, and a
+# daemon that does not answer that within PING_WAIT_S (stopped, stuck) ends the wait.
+ANSWER_CHECK_S = 10.0
+PING_WAIT_S = 10.0
 
 
 def daemon_info(path: str) -> dict:
@@ -32,29 +37,79 @@ def daemon_info(path: str) -> dict:
     return json.loads(raw)
 
 
+def answers_ping(socket_path: str) -> bool:
+    """Whether the daemon listening at `socket_path` answers a ping within PING_WAIT_S
+    (a refused or dropped connection counts: it is not stuck, and the answer awaited
+    says the rest)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
+        sock.settimeout(PING_WAIT_S)
+        try:
+            sock.connect(socket_path)
+            sock.sendall(b'{"cmd": "ping"}\n')
+            sock.recv(1)
+        except TimeoutError:
+            return False
+        except OSError:
+            pass
+    return True
+
+
+def not_answering(socket_path: str) -> UserError:
+    return UserError(f"the tierfs daemon at {socket_path} does not answer: if it was "
+                     f"stopped, kill -CONT its pid; if it is stuck, kill -USR1 writes what "
+                     f"it waits for to tierfs.log next to that socket")
+
+
 def request(path: str, cmd: str, *, daemon: dict | None = None, wait_s: float | None = None,
             **args):
     """Send one command; yield every reply line (progress lines, then the final one).
     `daemon`: daemon_info(path) when the caller has it already; `wait_s`: how long to
-    wait for each reply line (None: as long as the command runs)."""
+    wait for each reply line (TimeoutError past it). Without it, a command may run as
+    long as it works: a line not here after ANSWER_CHECK_S pings the daemon, and one
+    that answers neither (stopped, stuck) ends the wait with UserError."""
     info = daemon or daemon_info(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(wait_s)
+    # A live daemon reads requests at once: a send that waits this long waits for a
+    # stopped one.
+    sock.settimeout(wait_s or ANSWER_CHECK_S + PING_WAIT_S)
     try:
         sock.connect(info["socket"])
+    except TimeoutError:
+        raise not_answering(info["socket"]) from None
     except OSError as e:
         raise UserError(f"cannot reach the tierfs daemon at {info['socket']}: "
                         f"{e.strerror or e}") from None
-    with sock, sock.makefile("rb") as f:
+    with sock:
         try:
             sock.sendall(json.dumps({"cmd": cmd, **args}).encode() + b"\n")
         except (BrokenPipeError, ConnectionResetError):
             pass  # the daemon refused the request before its end: its answer says why
-        try:
-            for line in f:
-                yield json.loads(line)
-        except ConnectionResetError:
-            pass  # the callers find no final answer, and say so
+        except TimeoutError:
+            if wait_s is not None:
+                raise
+            raise not_answering(info["socket"]) from None
+        sock.settimeout(wait_s or ANSWER_CHECK_S)
+        buf = bytearray()
+        while True:
+            try:
+                chunk = sock.recv(1 << 16)
+            except TimeoutError:
+                if wait_s is not None:
+                    raise
+                if answers_ping(info["socket"]):
+                    continue  # at work on the command
+                raise not_answering(info["socket"]) from None
+            except ConnectionResetError:
+                return  # the callers find no final answer, and say so
+            if not chunk:
+                return
+            start = len(buf)
+            buf += chunk
+            end = buf.find(b"\n", start)
+            while end >= 0:
+                yield json.loads(buf[:end])
+                del buf[:end + 1]
+                end = buf.find(b"\n")
 
 
 def call(path: str, cmd: str, *, daemon: dict | None = None, wait_s: float | None = None,

@@ -159,6 +159,44 @@ def test_sync_wait_on_a_daemon_stopped_meanwhile_ends_and_says_so(mount_factory,
     assert len(err.strip().splitlines()) == 1, err
 
 
+def test_prefetch_on_a_daemon_stopped_meanwhile_ends_and_says_so(mount_factory, tmp_path):
+    """A daemon stopped (or stuck) while `tierfs prefetch` waits for its answer: the
+    command waited for ever. A prefetch may rightly take long (it fetches), so the
+    command pings the daemon on a second connection when the answer is late, and
+    ends with one line and exit 1 once the ping goes unanswered too."""
+    from tierfs.client import ANSWER_CHECK_S, PING_WAIT_S
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps({}))
+    m = mount_factory(args=("--fault-file", str(faults), "--extent-size", "64K"))
+    m.allowed_log.append(r"did not answer within .*--cold-timeout")  # the fetch held up
+    write_file(m.path("f"), b"cold data" * 10_000)
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    m.cli("release", m.path("f"), check=True)
+    faults.write_text(json.dumps({"hang": True, "hang_ops": ["get"]}))  # fetches wait
+    prefetch = subprocess.Popen([sys.executable, "-m", "tierfs", "prefetch", m.path("f")],
+                                env=m.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    stopped = False
+    try:
+        wait_until(lambda: "control_requests:prefetch_many" in json.loads(m.cli(
+            "status", m.mountpoint, "--json", check=True).stdout)["counters"], 60,
+            "the prefetch to reach the daemon")
+        os.kill(m.pid, signal.SIGSTOP)
+        stopped = True
+        out, err = prefetch.communicate(timeout=ANSWER_CHECK_S + PING_WAIT_S + 60)
+    finally:
+        if prefetch.poll() is None:
+            prefetch.kill()
+            prefetch.communicate()
+        if stopped:
+            os.kill(m.pid, signal.SIGCONT)
+        faults.write_text(json.dumps({}))
+    assert prefetch.returncode == 1, (out, err)
+    assert "does not answer" in err and m.cache_dir in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert read_file(m.path("f")) == b"cold data" * 10_000  # the daemon runs again
+
+
 def test_the_guard_aborts_the_connection_a_killed_daemon_left_open(mount_factory):
     """No command needed: calls on the mount fail with ENOTCONN instead of waiting,
     the log says why, and the next mount replaces the dead one."""
