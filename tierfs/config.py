@@ -76,6 +76,7 @@ class MountConfig:
     compact_rate: int = 32 << 20
     compact_interval: float = 5.0
     unmount_upload_timeout: float = 60.0
+    start_timeout: float = 1800.0       # tierfs mount: longest wait for the daemon to mount
     checkpoint_interval: float = 300.0
     checkpoint_keep: int = 3
     cold_timeout: float = 30.0
@@ -156,6 +157,9 @@ OPTIONS = (
     Option("compact_rate", "size", "bytes per second compaction may rewrite (0: off)", low=0),
     Option("unmount_upload_timeout", "float", "seconds unmount spends uploading dirty data",
            low=0),
+    Option("start_timeout", "float", "seconds `tierfs mount` waits for its daemon to mount "
+           "(a restore of a large filesystem, a slow bucket) before it stops the daemon and "
+           "fails", low=0, above=True),
     Option("checkpoint_interval", "float", "seconds between metadata checkpoints into the "
            "bucket (0: only on sync --wait and unmount)", low=0),
     Option("checkpoint_keep", "int", "metadata checkpoints kept in the bucket", low=1),

@@ -25,7 +25,7 @@ from tests.harness import guard_pid, read_file, wait_until, write_file
 from tests.moto_server import s3_env
 from tests.pg_server import pg_server
 from tierfs import registry
-from tierfs.mountpoint import DEAD_MOUNT, abort_connection, answers, mount_device
+from tierfs.mountpoint import DEAD_MOUNT, abort_connection, answers, mount_device, mounts
 
 # pidfd_getfd(2): the same number on every architecture that has the generic table.
 SYS_PIDFD_GETFD = {"x86_64": 438, "aarch64": 438}.get(platform.machine())
@@ -195,6 +195,50 @@ def test_prefetch_on_a_daemon_stopped_meanwhile_ends_and_says_so(mount_factory, 
     assert "does not answer" in err and m.cache_dir in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert read_file(m.path("f")) == b"cold data" * 10_000  # the daemon runs again
+
+
+def _daemons_of(cache_dir: str) -> list[int]:
+    """Pids of the tierfs daemons started on `cache_dir`."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if b"tierfs" in argv and cache_dir.encode() in argv and b"--foreground" in argv:
+            pids.append(int(entry))
+    return pids
+
+
+def test_a_daemon_that_hangs_while_starting_fails_the_mount_and_is_stopped(mount_factory,
+                                                                           tmp_path):
+    """A bucket that takes every request and answers none, from the start: `tierfs
+    mount` waited for ever for its daemon to say it is up. It now waits at most
+    --start-timeout, then stops the daemon and fails with one line, leaving nothing
+    mounted or running."""
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps({}))
+    m = mount_factory(args=("--fault-file", str(faults)))
+    m.umount()
+    faults.write_text(json.dumps({"hang": True}))
+    env = dict(m.env or os.environ, TIERFS_START_TIMEOUT="5")
+    try:
+        res = subprocess.run([sys.executable, "-m", "tierfs", "mount", m.cold_url, m.mountpoint,
+                              "--cache-dir", m.cache_dir, "--fault-file", str(faults)],
+                             env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        for pid in _daemons_of(m.cache_dir):  # before the bucket answers again
+            os.kill(pid, signal.SIGKILL)
+        faults.write_text(json.dumps({}))
+    assert res.returncode == 1, res
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert "did not finish starting within 5s" in lines[0] and "--start-timeout" in lines[0]
+    assert m.mountpoint not in mounts()
+    assert _daemons_of(m.cache_dir) == []
+    m.start()  # the cache dir is free again: the next mount starts
+    assert m.mounted
 
 
 def test_the_guard_aborts_the_connection_a_killed_daemon_left_open(mount_factory):

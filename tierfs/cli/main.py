@@ -149,7 +149,7 @@ def _run(argv: list[str]) -> int:
             parse_cold_url(cfg.cold_url)  # fail fast on a malformed URL
             if cfg.foreground:
                 return run_daemon(cfg)
-            return spawn_daemon(argv)
+            return spawn_daemon(argv, cfg)
         if args.command == "umount":
             from .mount import umount
             return umount(_umount_target(args))

@@ -5,6 +5,7 @@ import faulthandler
 import logging
 import logging.handlers
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -127,10 +128,14 @@ def run_daemon(cfg: MountConfig) -> int:
             os.close(ready_fd)
 
 
-def spawn_daemon(argv: list[str]) -> int:
-    """Start the daemon in the background and wait until it is mounted or failed."""
+def spawn_daemon(argv: list[str], cfg: MountConfig) -> int:
+    """Start the daemon in the background and wait until it is mounted or failed: at
+    most --start-timeout, after which it is stopped (a daemon hung on a silent bucket
+    or database would otherwise keep the command waiting for ever)."""
     r, w = os.pipe()
     env = dict(os.environ, **{READY_ENV: str(w)})
+    mountpoint = os.path.realpath(cfg.mountpoint)  # as the mount table spells it
+    mounted_before = mountpoint in mounts()
     # -P: a ./tierfs folder in the caller's directory must not shadow the package.
     # The daemon's stderr is kept: a daemon that dies before it can log or report
     # (a broken install) says why only there.
@@ -141,7 +146,9 @@ def spawn_daemon(argv: list[str]) -> int:
                                 stderr=stderr)
         os.close(w)
         with os.fdopen(r, "rb") as f:
-            message = f.read().decode(errors="replace").strip()
+            message = _read_report(f, cfg.start_timeout)
+        if message is None:
+            raise UserError(_stop_unstarted(proc, cfg, mountpoint, mounted_before))
         if message.startswith("OK"):
             print(message[3:])
             return 0
@@ -155,6 +162,41 @@ def spawn_daemon(argv: list[str]) -> int:
         print(f"tierfs: the daemon exited with status {proc.returncode} before mounting: "
               f"{why}", file=sys.stderr)
     return 1
+
+
+def _read_report(f, timeout: float) -> str | None:
+    """What the daemon reports on its ready pipe (all it writes before it closes the
+    pipe, or exits); None if that takes longer than `timeout`."""
+    deadline = time.monotonic() + timeout
+    data = b""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([f], [], [], left)[0]:
+            return None
+        chunk = os.read(f.fileno(), 4096)
+        if not chunk:
+            return data.decode(errors="replace").strip()
+        data += chunk
+
+
+def _stop_unstarted(proc: subprocess.Popen, cfg: MountConfig, mountpoint: str,
+                    mounted_before: bool) -> str:
+    """Kill a daemon that did not start within --start-timeout, remove the mount it may
+    have made, and say so. Killed while it starts, it loses nothing: what it had
+    written is in the cache dir, as after a crash, for the next mount."""
+    proc.kill()
+    try:
+        proc.wait(timeout=30)
+        left = ""
+    except subprocess.TimeoutExpired:  # stuck in the kernel: it ends once that returns
+        left = f"; it (pid {proc.pid}) has not exited yet and holds the cache dir until it does"
+    if not mounted_before and mounts().get(mountpoint) == "fuse.tierfs":
+        unmount_lazy(mountpoint)  # it had mounted, and hung before it said so
+    return (f"the daemon did not finish starting within {cfg.start_timeout:g}s "
+            f"(--start-timeout) and was stopped{left}: see {os.path.abspath(cfg.log_path)} for "
+            f"how far it got "
+            f"(a silent bucket or database?); a restore of a very large filesystem may need a "
+            f"longer --start-timeout")
 
 
 def pid_alive(pid: int) -> bool:
