@@ -54,8 +54,13 @@ def answers_ping(socket_path: str) -> bool:
     return True
 
 
-def not_answering(socket_path: str) -> UserError:
-    return UserError(f"the tierfs daemon at {socket_path} does not answer: if it was "
+class NotAnswering(UserError):
+    """The daemon took the request and answers neither it nor a ping: the next
+    request would wait for it just as long."""
+
+
+def not_answering(socket_path: str) -> NotAnswering:
+    return NotAnswering(f"the tierfs daemon at {socket_path} does not answer: if it was "
                      f"stopped, kill -CONT its pid; if it is stuck, kill -USR1 writes what "
                      f"it waits for to tierfs.log next to that socket")
 

@@ -197,6 +197,46 @@ def test_prefetch_on_a_daemon_stopped_meanwhile_ends_and_says_so(mount_factory, 
     assert read_file(m.path("f")) == b"cold data" * 10_000  # the daemon runs again
 
 
+def test_scrub_of_many_files_on_a_daemon_stopped_meanwhile_ends_at_once(mount_factory,
+                                                                         tmp_path):
+    """`tierfs scrub` asks for one file after another: on a daemon stopped meanwhile,
+    each file's request waited for its ping to go unanswered, and the command went
+    on to the next, a file at a time, for as long as the tree is large. The first
+    file the daemon does not answer for ends the command."""
+    from tierfs.client import ANSWER_CHECK_S, PING_WAIT_S
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps({}))
+    m = mount_factory(args=("--fault-file", str(faults), "--extent-size", "64K"))
+    m.allowed_log.append(r"did not answer within .*--cold-timeout")  # the reads held up
+    os.mkdir(m.path("d"))
+    for i in range(12):
+        write_file(m.path("d", f"f{i}"), b"data %d" % i)
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    faults.write_text(json.dumps({"hang": True, "hang_ops": ["get"]}))  # bucket reads wait
+    scrub = subprocess.Popen([sys.executable, "-m", "tierfs", "scrub", "-j", "2", m.path("d")],
+                             env=m.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    stopped = False
+    try:
+        wait_until(lambda: "control_requests:scrub" in json.loads(m.cli(
+            "status", m.mountpoint, "--json", check=True).stdout)["counters"], 60,
+            "the scrub to reach the daemon")
+        os.kill(m.pid, signal.SIGSTOP)
+        stopped = True
+        # One round of pings, not one per file (12 files, 2 at a time: 6 rounds).
+        out, err = scrub.communicate(timeout=2 * (ANSWER_CHECK_S + PING_WAIT_S) + 15)
+    finally:
+        if scrub.poll() is None:
+            scrub.kill()
+            scrub.communicate()
+        if stopped:
+            os.kill(m.pid, signal.SIGCONT)
+        faults.write_text(json.dumps({}))
+    assert scrub.returncode == 1, (out, err)
+    assert "does not answer" in err and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
 def _daemons_of(cache_dir: str) -> list[int]:
     """Pids of the tierfs daemons started on `cache_dir`."""
     pids = []

@@ -10,19 +10,21 @@ import time
 
 from ..config import format_size
 from ..errors import NotInBucket, UserError
-from ..client import call, daemon_info, request
+from ..client import NotAnswering, call, daemon_info, request
 from .progress import Progress, plural
 
 
 def collect_files(paths: list[str], recursive: bool) -> list[tuple[str, int, int]]:
     """(path, inode, size) of the regular files named or (with -r) below the paths."""
-    return [f for group in collect_groups(paths, recursive) for f in group]
+    return [f for _daemon, group in collect_groups(paths, recursive) for f in group]
 
 
-def collect_groups(paths: list[str], recursive: bool) -> list[list[tuple[str, int, int]]]:
-    """collect_files, one list per path named. Every path named must be inside a
-    tierfs mount (checked before any walk); the walk stays on the filesystem of the
-    path it starts from."""
+def collect_groups(paths: list[str], recursive: bool) -> list[tuple[dict, list]]:
+    """collect_files, one list per path named, with the daemon serving it. Every path
+    named must be inside a tierfs mount (checked before any walk); the walk stays on
+    the filesystem of the path it starts from. Requests go to that daemon without
+    asking the mount again: a daemon stopped meanwhile would hold such a question in
+    the kernel for ever, where a request to its socket ends (client.request)."""
     named = []
     for path in paths:
         path = os.path.abspath(path)
@@ -30,12 +32,12 @@ def collect_groups(paths: list[str], recursive: bool) -> list[list[tuple[str, in
             st = os.stat(path)  # a symlink named on the command line is followed
         except OSError as e:
             raise UserError(f"{path}: {e.strerror}") from None
-        daemon_info(path)  # UserError "... is not inside a tierfs mount"
+        daemon = daemon_info(path)  # UserError "... is not inside a tierfs mount"
         if stat.S_ISDIR(st.st_mode) and not recursive:
             raise UserError(f"{path} is a directory: add -r to include what is below it")
-        named.append((path, st))
+        named.append((path, st, daemon))
     groups = []
-    for path, st in named:
+    for path, st, daemon in named:
         out = []
         if stat.S_ISREG(st.st_mode):
             out.append((path, st.st_ino, st.st_size))
@@ -51,7 +53,7 @@ def collect_groups(paths: list[str], recursive: bool) -> list[list[tuple[str, in
                         out.append((p, s.st_ino, s.st_size))
                 # Another filesystem mounted below is not this mount's business.
                 dirs[:] = [d for d in dirs if _same_dev(os.path.join(root, d), st.st_dev)]
-        groups.append(out)
+        groups.append((daemon, out))
     return groups
 
 
@@ -77,14 +79,15 @@ def _call(path: str, cmd: str, on_progress=None, **args) -> dict:
     return last
 
 
-def for_each_file(verb: str, cmd: str, args, files=None) -> tuple[list[dict], list[str], float]:
-    """Run `cmd` on every file (`files`, or those args names), `--jobs` at a time,
+def for_each_file(verb: str, cmd: str, args, groups=None) -> tuple[list[dict], list[str], float]:
+    """Run `cmd` on every file (of `groups`, or those args names), `--jobs` at a time,
     with a progress line in bytes. At most a few requests per job wait to be sent:
     waiting on a future per file of a large tree would cost time in the square of
     its size."""
-    files = collect_files(args.paths, args.recursive) if files is None else files
+    groups = collect_groups(args.paths, args.recursive) if groups is None else groups
+    files = [(f, daemon) for daemon, group in groups for f in group]
     t0 = time.monotonic()
-    progress = Progress(verb, sum(f[2] for f in files))
+    progress = Progress(verb, sum(f[2] for f, _daemon in files))
     results, failures = [], []
     jobs = max(1, getattr(args, "jobs", 8))
     todo = iter(files)
@@ -93,8 +96,8 @@ def for_each_file(verb: str, cmd: str, args, files=None) -> tuple[list[dict], li
         futures = {}
 
         def submit_more() -> None:
-            for path, ino, size in itertools.islice(todo, 4 * jobs - len(futures)):
-                futures[pool.submit(_call, path, cmd, ino=ino)] = (path, size)
+            for (path, ino, size), daemon in itertools.islice(todo, 4 * jobs - len(futures)):
+                futures[pool.submit(_call, path, cmd, daemon=daemon, ino=ino)] = (path, size)
         submit_more()
         while futures:
             finished, _ = concurrent.futures.wait(
@@ -103,6 +106,10 @@ def for_each_file(verb: str, cmd: str, args, files=None) -> tuple[list[dict], li
                 path, size = futures.pop(fut)
                 try:
                     results.append(fut.result())
+                except NotAnswering:
+                    for queued in futures:  # each would wait for the stopped daemon too
+                        queued.cancel()
+                    raise
                 except UserError as e:
                     failures.append(f"{path}: {e}")
                 finished_bytes += size
@@ -123,12 +130,13 @@ SYNC_SILENCE_S = 30.0
 BATCH_FILES = 1024
 
 
-def batches(args) -> tuple[list, list[list]]:
-    """(every file args names, those files BATCH_FILES at a time): a batch goes to one
-    daemon, so it never mixes the files of two paths named (two mounts, maybe)."""
+def batches(args) -> tuple[list, list, list[tuple[dict, list]]]:
+    """(the groups of files args names, every file of them, (daemon, batch) of those
+    files BATCH_FILES at a time): a batch goes to one daemon, so it never mixes the
+    files of two paths named (two mounts, maybe)."""
     groups = collect_groups(args.paths, args.recursive)
-    return ([f for group in groups for f in group],
-            [group[i:i + BATCH_FILES] for group in groups
+    return (groups, [f for _daemon, group in groups for f in group],
+            [(daemon, group[i:i + BATCH_FILES]) for daemon, group in groups
              for i in range(0, len(group), BATCH_FILES)])
 
 
@@ -146,18 +154,19 @@ def for_each_batch(verb: str, cmd: str, args) -> tuple[list[dict], list[str]]:
     """Run `cmd` (a command taking "inos") on every file, BATCH_FILES per request,
     with a progress line in bytes. A daemon that does not know `cmd` (one started by
     an older release) gets the command of one file, file by file."""
-    files, todo = batches(args)
+    groups, files, todo = batches(args)
     results, failures = [], []
     done_bytes = done = 0
     with Progress(verb, sum(f[2] for f in files)) as progress:
-        for batch in todo:
+        for daemon, batch in todo:
             try:
-                reply = _call(batch[0][0], cmd, inos=[ino for _p, ino, _s in batch])
+                reply = _call(batch[0][0], cmd, daemon=daemon,
+                              inos=[ino for _p, ino, _s in batch])
             except UserError as e:
                 if done or f"unknown command {cmd!r}" not in str(e):
                     raise
                 progress.close()
-                return for_each_file(verb, cmd.removesuffix("_many"), args, files)[:2]
+                return for_each_file(verb, cmd.removesuffix("_many"), args, groups)[:2]
             _sort_answers(verb, batch, reply, results, failures)
             done_bytes += sum(size for _p, _i, size in batch)
             done += len(batch)
@@ -169,20 +178,20 @@ def fetch_files(verb: str, args, *, pin: bool = False) -> tuple[list[dict], list
     """Prefetch (or pin) files, BATCH_FILES per request, with a progress line in
     bytes. One request names many files, so the daemon fetches files packed next
     to each other in one GET; it runs --jobs files at a time."""
-    files, todo = batches(args)
+    _groups, files, todo = batches(args)
     t0 = time.monotonic()
     progress = Progress(verb, sum(f[2] for f in files))
     results, failures = [], []
     done_bytes = done = 0
-    for batch in todo:
+    for daemon, batch in todo:
         batch_bytes = sum(size for _p, _i, size in batch)
         note = f"{done} of {plural(len(files), 'file')} done"
 
         def on_progress(msg: dict, base=done_bytes, cap=batch_bytes, note=note) -> None:
             progress.update(base + min(cap, int(msg.get("hot_bytes", 0))), note=note)
         reply = _call(batch[0][0], "prefetch_many", on_progress if progress.active else None,
-                      inos=[ino for _p, ino, _s in batch], parallel=args.jobs, pin=pin,
-                      progress=progress.active)
+                      daemon=daemon, inos=[ino for _p, ino, _s in batch], parallel=args.jobs,
+                      pin=pin, progress=progress.active)
         _sort_answers(verb, batch, reply, results, failures)
         done_bytes += batch_bytes
         done += len(batch)
@@ -256,7 +265,7 @@ def cmd_scrub(args) -> int:
 def cmd_sync(args) -> int:
     path = os.path.abspath(args.path)
     st = os.stat(path)
-    daemon_info(path)  # outside a mount: fail now, not after walking the tree
+    daemon = daemon_info(path)  # outside a mount: fail now, not after walking the tree
     inos = None
     if not os.path.ismount(path):
         inos = [ino for _p, ino, _s in collect_files([path], True)] if stat.S_ISDIR(st.st_mode) \
@@ -275,18 +284,18 @@ def cmd_sync(args) -> int:
                 raise NotInBucket(f"sync failed: timed out after {args.timeout:.0f}s: "
                                   f"files under {path} are not in the bucket yet; they keep "
                                   f"uploading")
-            out = _sync_wait(path, part, left)
+            out = _sync_wait(path, daemon, part, left)
             first = first or out
         print(f"synced {path}: everything is in the bucket "
               f"({format_size(first['dirty_bytes_before'])} was dirty, "
               f"{time.monotonic() - t0:.1f}s)")
     else:
-        outs = [call(path, "sync", inos=part, wait=False) for part in parts]
+        outs = [call(path, "sync", daemon=daemon, inos=part, wait=False) for part in parts]
         print(f"sync of {path} started: {format_size(outs[0]['dirty_bytes_before'])} dirty")
     return 0
 
 
-def _sync_wait(path: str, inos, timeout: float) -> dict:
+def _sync_wait(path: str, daemon: dict, inos, timeout: float) -> dict:
     """sync --wait: show what is still on its way to the bucket (a progress line on a
     terminal; elsewhere one line when the bucket fails), and return the final answer."""
     progress = Progress("uploading", None)
@@ -294,7 +303,7 @@ def _sync_wait(path: str, inos, timeout: float) -> dict:
     done = 0
     last = None
     try:
-        for last in request(path, "sync", inos=inos, wait=True, timeout=timeout,
+        for last in request(path, "sync", daemon=daemon, inos=inos, wait=True, timeout=timeout,
                             wait_s=SYNC_SILENCE_S):
             if not last.get("progress"):
                 break
