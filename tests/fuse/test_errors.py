@@ -510,6 +510,8 @@ def test_a_request_that_is_not_a_json_object_gets_an_error(mnt):
     (b'{"cmd": "sync", "inos": 7}', '"inos"'),
     (b'{"cmd": "sync", "wait": true, "timeout": "soon"}', '"timeout"'),
     (b'{"cmd": "hint", "paths": "a/b"}', '"paths"'),
+    (b'{"cmd": "direct_open", "ino": 1180591620717411303424, "first_extent": 0, '
+     b'"token": "t"}', "ino"),
 ])
 def test_a_malformed_request_gets_one_error_naming_what_is_wrong(mnt, line, names):
     """Any local user may write to the control socket. A line that is not JSON, or a
@@ -530,3 +532,34 @@ def test_a_malformed_request_gets_one_error_naming_what_is_wrong(mnt, line, name
     assert "Traceback" not in mnt.log()
     from tierfs.client import call
     assert call(mnt.mountpoint, "ping")["ok"]  # the daemon goes on
+
+
+@pytest.mark.parametrize("args, names", [
+    ({"hold": 5}, '"hold"'),
+    ({"hold": ["a", "b"]}, '"hold"'),
+    ({"hold": [1 << 70, (1 << 70) + 1]}, '"hold"'),
+    ({"release": 5}, '"release"'),
+    ({"release": ["x"]}, '"release"'),
+])
+def test_a_malformed_direct_write_request_gets_one_error_naming_what_is_wrong(mnt, args,
+                                                                              names):
+    """The direct write session's own requests: extents to hold or release that are no
+    extent numbers logged an ERROR traceback and dropped the connection unanswered."""
+    import socket
+    fd = os.open(mnt.path("w"), os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(30)
+            s.connect(os.path.join(mnt.cache_dir, "control.sock"))
+            f = s.makefile("rb")
+            s.sendall(json.dumps({"cmd": "direct_write", "op": "open", "fd": fd,
+                                  "keep": True}).encode() + b"\n")
+            opened = json.loads(f.readline())
+            assert opened["ok"], opened
+            s.sendall(json.dumps({"cmd": "direct_write", "session": opened["session"],
+                                  "keep": True, **args}).encode() + b"\n")
+            reply = json.loads(f.readline() or b"null")
+            assert reply is not None and reply["ok"] is False and names in reply["error"], reply
+    finally:
+        os.close(fd)
+    assert "Traceback" not in mnt.log()

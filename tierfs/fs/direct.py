@@ -271,6 +271,8 @@ class DirectOpen:
             try:
                 ino, first = int(req["ino"]), max(0, int(req["first_extent"]))
                 last = int(req.get("last_extent", first + MAX_FDS - 1))
+                if not 0 < ino < 1 << 64:  # what the metadata's keys hold
+                    raise ValueError(ino)
             except (KeyError, TypeError, ValueError):
                 raise TierfsError("direct_open of a handle needs ino, token and "
                                   "first_extent") from None

@@ -83,7 +83,8 @@ class DirectWrite:
         except (KeyError, TypeError, ValueError):
             raise FsError(errno.EBADF, "no such direct write session") from None
         ino = session.ino
-        released = [int(i) for i in req.get("release") or () if int(i) in session.held]
+        released = [i for i in _extent_numbers(req.get("release") or [], "release")
+                    if i in session.held]
         if released:
             session.held.difference_update(released)
             self.holds.release(ino, released)
@@ -95,7 +96,9 @@ class DirectWrite:
         hold = req.get("hold")
         if not hold:
             return {"size": self.meta.get_inode(ino).size}
-        first, last = max(0, int(hold[0])), int(hold[1])
+        if len(_extent_numbers(hold, "hold")) != 2:
+            raise TierfsError('bad request: "hold" must be [first, last] extent numbers')
+        first, last = hold
         last = min(last, first + MAX_FDS - 1)
         flags = os.O_RDWR if session.readable else os.O_WRONLY
         granted = await self.holds.hold(ino, first, last, flags)
@@ -184,6 +187,15 @@ class DirectWrite:
         if scope.cancelled_caught:
             log.warning("inode %d: the kernel did not take the size a direct writer "
                         "left within %.0fs", ino, KERNEL_TIMEOUT)
+
+
+def _extent_numbers(value, name: str) -> list[int]:
+    """`value`, a list of extent numbers; TierfsError naming `name` where it is none
+    (any local user may send a request: a wrong one gets an answer, not a traceback)."""
+    if not isinstance(value, list) or not all(
+            type(i) is int and 0 <= i < 1 << 63 for i in value):
+        raise TierfsError(f'bad request: "{name}" must be a list of extent numbers')
+    return value
 
 
 def _peer_pid(sock) -> tuple[int, int]:
