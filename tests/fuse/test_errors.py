@@ -510,6 +510,8 @@ def test_a_request_that_is_not_a_json_object_gets_an_error(mnt):
     (b'{"cmd": "sync", "inos": 7}', '"inos"'),
     (b'{"cmd": "sync", "wait": true, "timeout": "soon"}', '"timeout"'),
     (b'{"cmd": "hint", "paths": "a/b"}', '"paths"'),
+    (b'{"cmd": "status", "dir_ino": 1, "limit": Infinity}', '"limit"'),
+    (b'{"cmd": "prefetch_many", "inos": [1], "parallel": Infinity}', '"parallel"'),
     (b'{"cmd": "direct_open", "ino": 1180591620717411303424, "first_extent": 0, '
      b'"token": "t"}', "ino"),
 ])

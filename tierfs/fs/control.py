@@ -81,7 +81,8 @@ def arg_number(req: dict, name: str, default: float) -> float:
     value = req.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not 0 <= value < float("inf")):  # JSON as Python reads it has Infinity, NaN
         raise BadRequest(f'bad request: "{name}" must be a number not below 0, '
                          f'not {value!r:.40}')
     return value
