@@ -37,12 +37,12 @@ def daemon_info(path: str) -> dict:
     return json.loads(raw)
 
 
-def answers_ping(socket_path: str) -> bool:
-    """Whether the daemon listening at `socket_path` answers a ping within PING_WAIT_S
+def answers_ping(socket_path: str, wait_s: float = PING_WAIT_S) -> bool:
+    """Whether the daemon listening at `socket_path` answers a ping within `wait_s`
     (a refused or dropped connection counts: it is not stuck, and the answer awaited
     says the rest)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
-        sock.settimeout(PING_WAIT_S)
+        sock.settimeout(wait_s)
         try:
             sock.connect(socket_path)
             sock.sendall(b'{"cmd": "ping"}\n')
@@ -59,10 +59,14 @@ class NotAnswering(UserError):
     request would wait for it just as long."""
 
 
+def not_answering_text(socket_path: str) -> str:
+    return (f"the tierfs daemon at {socket_path} does not answer: if it was stopped, "
+            f"kill -CONT its pid; if it is stuck, kill -USR1 writes what it waits for to "
+            f"tierfs.log next to that socket")
+
+
 def not_answering(socket_path: str) -> NotAnswering:
-    return NotAnswering(f"the tierfs daemon at {socket_path} does not answer: if it was "
-                     f"stopped, kill -CONT its pid; if it is stuck, kill -USR1 writes what "
-                     f"it waits for to tierfs.log next to that socket")
+    return NotAnswering(not_answering_text(socket_path))
 
 
 def request(path: str, cmd: str, *, daemon: dict | None = None, wait_s: float | None = None,

@@ -39,8 +39,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .client import daemon_info
-from . import mount_file, read_pool
+from . import client, mount_file, read_pool
+from .client import answers_ping, daemon_info, not_answering_text
 from .mount_table import TABLE
 from .hot import pagecache
 from .errors import UserError
@@ -60,12 +60,11 @@ READALL_TAIL = 4096        # readall(): the last bytes short of this go through 
 MOUNT_BELOW = 1 << 20
 START_READS_BELOW = 1 << 20  # open_many starts the disk reads of files this small
 NEGATIVE_TTL = 30.0        # seconds a "not a tierfs mount" or "use the mount" answer is kept
-# An answer may take long (cold extents fetched first), but the daemon's event loop
-# answers a ping at once while it works: an answer not here after ANSWER_CHECK_S
-# sends one, and a daemon that does not answer that within PING_WAIT_S (stopped,
-# stuck) fails the call with ETIMEDOUT.
-ANSWER_CHECK_S = 10.0
-PING_WAIT_S = 10.0
+# An answer may take long (cold extents fetched first): as for control commands
+# (client.py), one not here after ANSWER_CHECK_S pings the daemon, and a daemon that
+# does not answer that within PING_WAIT_S (stopped, stuck) fails the call with ETIMEDOUT.
+ANSWER_CHECK_S = client.ANSWER_CHECK_S
+PING_WAIT_S = client.PING_WAIT_S
 _ANC_SPACE = socket.CMSG_SPACE(253 * array.array("i").itemsize)  # the kernel's SCM_MAX_FD
 _ZEROS = bytes(1 << 20)
 _MODES = ("rb", "br")
@@ -259,7 +258,7 @@ def _talk(sock: socket.socket, req: dict) -> tuple[list[tuple[dict, list[int]]],
                 data, anc, flags, _addr = sock.recvmsg(1 << 16, _ANC_SPACE,
                                                        socket.MSG_CMSG_CLOEXEC)
             except TimeoutError:
-                if _answers_ping(daemon):
+                if answers_ping(daemon, PING_WAIT_S):
                     continue  # at work on the request
                 raise _not_answering(sock, daemon) from None
             for level, kind, cdata in anc:
@@ -293,30 +292,11 @@ def _talk(sock: socket.socket, req: dict) -> tuple[list[tuple[dict, list[int]]],
         _close_all(pending)
 
 
-def _answers_ping(path: str) -> bool:
-    """Whether the daemon listening at `path` answers a ping within PING_WAIT_S (a
-    refused or dropped connection counts: it is not stuck, and the answer awaited
-    says the rest)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
-        sock.settimeout(PING_WAIT_S)
-        try:
-            sock.connect(path)
-            sock.sendall(b'{"cmd": "ping"}\n')
-            sock.recv(1)
-        except TimeoutError:
-            return False
-        except OSError:
-            pass
-    return True
-
-
 def _not_answering(sock: socket.socket, daemon: str) -> TimeoutError:
     """The error of a call whose daemon is stopped or stuck. The connection is
     closed: an answer coming later must not be taken for the next request's."""
     sock.close()
-    return TimeoutError(errno.ETIMEDOUT, f"the tierfs daemon at {daemon} does not answer: "
-                        f"if it was stopped, kill -CONT its pid; if it is stuck, kill -USR1 "
-                        f"writes what it waits for to tierfs.log next to that socket")
+    return TimeoutError(errno.ETIMEDOUT, not_answering_text(daemon))
 
 
 def _ask(mount: _Mount, req: dict) -> list[tuple[dict, list[int]]]:
