@@ -137,6 +137,31 @@ class Mount:
         self.pid = None
 
 
+def cli_on_a_stopped_daemon(m: Mount, args: list[str], request: str, timeout: float
+                            ) -> subprocess.CompletedProcess:
+    """Run `tierfs ARGS`, stop m's daemon (SIGSTOP) once it has taken the control
+    request `request` (its status counter says so), and wait `timeout` for the command
+    to end. The daemon runs again afterwards, also when the command does not end."""
+    import json
+    cmd = subprocess.Popen([sys.executable, "-m", "tierfs", *args], env=m.env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stopped = False
+    try:
+        wait_until(lambda: f"control_requests:{request}" in json.loads(m.cli(
+            "status", m.mountpoint, "--json", check=True).stdout)["counters"], 60,
+            f"the {request} request to reach the daemon")
+        os.kill(m.pid, signal.SIGSTOP)
+        stopped = True
+        out, err = cmd.communicate(timeout=timeout)
+    finally:
+        if cmd.poll() is None:
+            cmd.kill()
+            cmd.communicate()
+        if stopped:
+            os.kill(m.pid, signal.SIGCONT)
+    return subprocess.CompletedProcess(cmd.args, cmd.returncode, out, err)
+
+
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.02):
     """Poll `predicate` until it returns something true, and return that; raise
     AssertionError naming `what` if it has not within `timeout` seconds. For

@@ -21,7 +21,8 @@ import sys
 
 import pytest
 
-from tests.harness import guard_pid, read_file, wait_until, write_file
+from tests.harness import (cli_on_a_stopped_daemon, guard_pid, read_file, wait_until,
+                           write_file)
 from tests.moto_server import s3_env
 from tests.pg_server import pg_server
 from tierfs import registry
@@ -136,24 +137,12 @@ def test_sync_wait_on_a_daemon_stopped_meanwhile_ends_and_says_so(mount_factory,
     m = mount_factory(args=("--fault-file", str(faults), "--upload-delay", "3600"))
     faults.write_text(json.dumps({"hang": True, "hang_ops": ["put"]}))  # uploads wait
     write_file(m.path("f"), b"not in the bucket yet")
-    sync = subprocess.Popen([sys.executable, "-m", "tierfs", "sync", m.mountpoint, "--wait",
-                             "--timeout", "3600"], env=m.env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    stopped = False
     try:
-        wait_until(lambda: "control_requests:sync" in json.loads(m.cli(
-            "status", m.mountpoint, "--json", check=True).stdout)["counters"], 60,
-            "the sync to reach the daemon")
-        os.kill(m.pid, signal.SIGSTOP)
-        stopped = True
-        out, err = sync.communicate(timeout=SYNC_SILENCE_S + 60)
+        sync = cli_on_a_stopped_daemon(m, ["sync", m.mountpoint, "--wait", "--timeout", "3600"],
+                                       "sync", SYNC_SILENCE_S + 60)
     finally:
-        if sync.poll() is None:
-            sync.kill()
-            sync.communicate()
-        if stopped:
-            os.kill(m.pid, signal.SIGCONT)
         faults.write_text(json.dumps({}))
+    out, err = sync.stdout, sync.stderr
     assert sync.returncode == 3, (out, err)
     assert "said nothing" in err and "not known to be in the bucket" in err, err
     assert len(err.strip().splitlines()) == 1, err
@@ -173,24 +162,12 @@ def test_prefetch_on_a_daemon_stopped_meanwhile_ends_and_says_so(mount_factory, 
     m.cli("sync", m.mountpoint, "--wait", check=True)
     m.cli("release", m.path("f"), check=True)
     faults.write_text(json.dumps({"hang": True, "hang_ops": ["get"]}))  # fetches wait
-    prefetch = subprocess.Popen([sys.executable, "-m", "tierfs", "prefetch", m.path("f")],
-                                env=m.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-    stopped = False
     try:
-        wait_until(lambda: "control_requests:prefetch_many" in json.loads(m.cli(
-            "status", m.mountpoint, "--json", check=True).stdout)["counters"], 60,
-            "the prefetch to reach the daemon")
-        os.kill(m.pid, signal.SIGSTOP)
-        stopped = True
-        out, err = prefetch.communicate(timeout=ANSWER_CHECK_S + PING_WAIT_S + 60)
+        prefetch = cli_on_a_stopped_daemon(m, ["prefetch", m.path("f")], "prefetch_many",
+                                           ANSWER_CHECK_S + PING_WAIT_S + 60)
     finally:
-        if prefetch.poll() is None:
-            prefetch.kill()
-            prefetch.communicate()
-        if stopped:
-            os.kill(m.pid, signal.SIGCONT)
         faults.write_text(json.dumps({}))
+    out, err = prefetch.stdout, prefetch.stderr
     assert prefetch.returncode == 1, (out, err)
     assert "does not answer" in err and m.cache_dir in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
@@ -213,25 +190,13 @@ def test_scrub_of_many_files_on_a_daemon_stopped_meanwhile_ends_at_once(mount_fa
         write_file(m.path("d", f"f{i}"), b"data %d" % i)
     m.cli("sync", m.mountpoint, "--wait", check=True)
     faults.write_text(json.dumps({"hang": True, "hang_ops": ["get"]}))  # bucket reads wait
-    scrub = subprocess.Popen([sys.executable, "-m", "tierfs", "scrub", "-j", "2", m.path("d")],
-                             env=m.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
-    stopped = False
     try:
-        wait_until(lambda: "control_requests:scrub" in json.loads(m.cli(
-            "status", m.mountpoint, "--json", check=True).stdout)["counters"], 60,
-            "the scrub to reach the daemon")
-        os.kill(m.pid, signal.SIGSTOP)
-        stopped = True
         # One round of pings, not one per file (12 files, 2 at a time: 6 rounds).
-        out, err = scrub.communicate(timeout=2 * (ANSWER_CHECK_S + PING_WAIT_S) + 15)
+        scrub = cli_on_a_stopped_daemon(m, ["scrub", "-j", "2", m.path("d")], "scrub",
+                                        2 * (ANSWER_CHECK_S + PING_WAIT_S) + 15)
     finally:
-        if scrub.poll() is None:
-            scrub.kill()
-            scrub.communicate()
-        if stopped:
-            os.kill(m.pid, signal.SIGCONT)
         faults.write_text(json.dumps({}))
+    out, err = scrub.stdout, scrub.stderr
     assert scrub.returncode == 1, (out, err)
     assert "does not answer" in err and "Traceback" not in err, err
     assert len(err.strip().splitlines()) == 1, err
