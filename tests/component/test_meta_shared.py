@@ -4,6 +4,7 @@ unlinks in one directory leave a namespace that some serial order of them
 explains, and two creates of one name give one success and one EEXIST."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import random
@@ -572,24 +573,32 @@ def test_other_nodes_changes_are_reported_and_own_are_not(nodes, postgres):
         other.close()
 
 
-def test_the_feed_says_everything_after_it_lost_its_connection(own_server):
-    url = own_server.new_schema()
+@contextlib.contextmanager
+def two_nodes_one_listening(server):
+    """(a, seen): node a on a new schema of `server`, and what a second node's change
+    feed has told so far, listening already."""
+    url = server.new_schema()
     a, b = MetaStore(url), MetaStore(url)
     seen = Seen()
     listener = b.watch(seen)
     try:
         a.format(Superblock(fs_id="feed", extent_size=4 << 20), uid=0, gid=0)
         assert listener.listening.wait(30)
+        yield a, seen
+    finally:
+        listener.stop()
+        a.close()
+        b.close()
+
+
+def test_the_feed_says_everything_after_it_lost_its_connection(own_server):
+    with two_nodes_one_listening(own_server) as (a, seen):
         at_start = seen.everything  # 1: as LISTEN took effect
         own_server.stop()
         own_server.start()
         seen.wait_for(lambda: seen.everything > at_start)  # changes meanwhile may be lost
         a.create_node(ROOT_INO, b"after", REG, 0, 0)
         seen.wait_for(lambda: (ROOT_INO, b"after") in seen.entries)
-    finally:
-        listener.stop()
-        a.close()
-        b.close()
 
 
 def test_a_notification_the_feed_cannot_read_does_not_stop_it(nodes, postgres, caplog):
@@ -620,13 +629,7 @@ def test_the_feed_outlives_a_server_in_recovery(own_server):
     lost connection): the feed keeps trying, and listens again once the server is
     promoted."""
     import pathlib
-    url = own_server.new_schema()
-    a, b = MetaStore(url), MetaStore(url)
-    seen = Seen()
-    listener = b.watch(seen)
-    try:
-        a.format(Superblock(fs_id="feed", extent_size=4 << 20), uid=0, gid=0)
-        assert listener.listening.wait(30)
+    with two_nodes_one_listening(own_server) as (a, seen):
         own_server.stop()
         standby = pathlib.Path(own_server.data, "standby.signal")
         standby.touch()
@@ -642,7 +645,3 @@ def test_the_feed_outlives_a_server_in_recovery(own_server):
         seen.wait_for(lambda: seen.everything > at_start)  # listening again
         a.create_node(ROOT_INO, b"after", REG, 0, 0)
         seen.wait_for(lambda: (ROOT_INO, b"after") in seen.entries)
-    finally:
-        listener.stop()
-        a.close()
-        b.close()
