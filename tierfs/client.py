@@ -8,6 +8,7 @@ import socket
 
 from . import registry
 from .errors import UserError
+from .mount_table import TABLE
 from .mountpoint import DEAD_MOUNT
 
 CONTROL_XATTR = "user.tierfs.control"
@@ -19,7 +20,8 @@ PING_WAIT_S = 10.0
 
 
 def daemon_info(path: str) -> dict:
-    """pid, cache dir and socket of the daemon serving `path` (any path in a mount)."""
+    """pid, cache dir and socket of the daemon serving `path` (any path in a mount).
+    This asks the mount: commands call check_answers first."""
     try:
         raw = os.getxattr(path, CONTROL_XATTR)
     except FileNotFoundError:
@@ -35,6 +37,30 @@ def daemon_info(path: str) -> dict:
             raise UserError(f"{path} is not inside a tierfs mount") from None
         return info
     return json.loads(raw)
+
+
+def check_answers(path: str) -> None:
+    """Raise NotAnswering if the daemon registered for the mount `path` lies in does
+    not answer a ping: commands call it before anything that asks the mount (stat,
+    daemon_info), which a stopped or stuck daemon would hold in the kernel for ever."""
+    known = registered_daemon(path)
+    if known is not None and not answers_ping(known["socket"]):
+        raise not_answering(known["socket"], known["pid"])
+
+
+def registered_daemon(path: str) -> dict | None:
+    """The running daemon registered for the mount `path` lies below by its name
+    (mount_table.py), found without asking the mount; None where that does not tell
+    (a path through a symlink, a daemon that is gone, a mount that is not tierfs)."""
+    placed = TABLE.place(path)
+    if placed is None:
+        return None
+    dev = placed[0]
+    for point, _root in TABLE.roots_of(dev):
+        info = registry.serving(dev, point)
+        if info is not None:
+            return info
+    return None
 
 
 def answers_ping(socket_path: str, wait_s: float = PING_WAIT_S) -> bool:
@@ -59,14 +85,18 @@ class NotAnswering(UserError):
     request would wait for it just as long."""
 
 
-def not_answering_text(socket_path: str) -> str:
-    return (f"the tierfs daemon at {socket_path} does not answer: if it was stopped, "
-            f"kill -CONT its pid; if it is stuck, kill -USR1 writes what it waits for to "
-            f"tierfs.log next to that socket")
+def not_answering_text(socket_path: str, pid: int | None = None) -> str:
+    if pid is None:
+        return (f"the tierfs daemon at {socket_path} does not answer: if it was stopped, "
+                f"kill -CONT its pid; if it is stuck, kill -USR1 writes what it waits for "
+                f"to tierfs.log next to that socket")
+    return (f"the tierfs daemon (pid {pid}) at {socket_path} does not answer: if it was "
+            f"stopped, kill -CONT {pid}; if it is stuck, kill -USR1 {pid} writes what it "
+            f"waits for to tierfs.log next to that socket")
 
 
-def not_answering(socket_path: str) -> NotAnswering:
-    return NotAnswering(not_answering_text(socket_path))
+def not_answering(socket_path: str, pid: int | None = None) -> NotAnswering:
+    return NotAnswering(not_answering_text(socket_path, pid))
 
 
 def request(path: str, cmd: str, *, daemon: dict | None = None, wait_s: float | None = None,
@@ -76,6 +106,8 @@ def request(path: str, cmd: str, *, daemon: dict | None = None, wait_s: float | 
     wait for each reply line (TimeoutError past it). Without it, a command may run as
     long as it works: a line not here after ANSWER_CHECK_S pings the daemon, and one
     that answers neither (stopped, stuck) ends the wait with UserError."""
+    if daemon is None:
+        check_answers(path)
     info = daemon or daemon_info(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     # A live daemon reads requests at once: a send that waits this long waits for a

@@ -126,6 +126,29 @@ def test_a_mount_that_hangs_with_its_daemon_alive_is_left_alone(mount_factory):
     assert read_file(m.path("f")) == b"kept"
 
 
+def test_status_of_a_stopped_daemons_mount_says_it_does_not_answer(mount_factory):
+    """`tierfs status` is what an operator runs when a mount misbehaves: on a daemon
+    stopped (or stuck) before it started, its stat and xattr of the path waited in the
+    kernel for ever, as did the first stat of a path named to prefetch & co. They now
+    find the daemon from the mount table and the registry, ping it, and end with one
+    line naming its pid and the fix."""
+    m = mount_factory()
+    write_file(m.path("f"), b"kept")
+    os.kill(m.pid, signal.SIGSTOP)
+    try:
+        results = [m.cli(*args, timeout=60) for args in (
+            ("status", m.mountpoint), ("status", m.path("f")),
+            ("prefetch", m.path("not-looked-up-yet")))]
+    finally:
+        os.kill(m.pid, signal.SIGCONT)
+    for res in results:
+        assert res.returncode == 1, res
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+        assert "does not answer" in lines[0] and f"kill -CONT {m.pid}" in lines[0], lines[0]
+    assert "hot" in m.cli("status", m.path("f"), check=True).stdout  # answers again
+
+
 def test_sync_wait_on_a_daemon_stopped_meanwhile_ends_and_says_so(mount_factory, tmp_path):
     """A daemon stopped (or stuck) while `tierfs sync --wait` waits for it: the command
     waited for ever, past its own --timeout. It ends once the daemon has said nothing

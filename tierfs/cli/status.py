@@ -15,8 +15,11 @@ from .progress import plural
 
 
 def cmd_status(args) -> int:
-    from ..client import call
+    from ..client import call, check_answers, daemon_info
     path = os.path.abspath(args.path)
+    # Before any stat: a stopped daemon's mount would hold that in the kernel.
+    check_answers(path)
+    daemon = daemon_info(path)
     st = os.stat(path)
     if os.path.ismount(path):
         req = {}
@@ -24,7 +27,7 @@ def cmd_status(args) -> int:
         req = {"dir_ino": st.st_ino}
     else:
         req = {"ino": st.st_ino}
-    out = call(path, "status", **req)
+    out = call(path, "status", daemon=daemon, **req)
     out.pop("ok", None)
     fenced = out.get("fenced_by")
     if args.json:

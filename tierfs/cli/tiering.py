@@ -10,7 +10,7 @@ import time
 
 from ..config import format_size
 from ..errors import NotInBucket, UserError
-from ..client import NotAnswering, call, daemon_info, request
+from ..client import NotAnswering, call, check_answers, daemon_info, request
 from .progress import Progress, plural
 
 
@@ -28,6 +28,7 @@ def collect_groups(paths: list[str], recursive: bool) -> list[tuple[dict, list]]
     named = []
     for path in paths:
         path = os.path.abspath(path)
+        check_answers(path)  # before the stat, which a stopped daemon would hold
         try:
             st = os.stat(path)  # a symlink named on the command line is followed
         except OSError as e:
@@ -264,6 +265,7 @@ def cmd_scrub(args) -> int:
 
 def cmd_sync(args) -> int:
     path = os.path.abspath(args.path)
+    check_answers(path)  # before the stat, which a stopped daemon would hold
     st = os.stat(path)
     daemon = daemon_info(path)  # outside a mount: fail now, not after walking the tree
     inos = None
