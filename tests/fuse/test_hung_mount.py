@@ -269,6 +269,43 @@ def test_a_daemon_that_hangs_while_starting_fails_the_mount_and_is_stopped(mount
     assert m.mounted
 
 
+def test_ctrl_c_while_the_daemon_starts_stops_it_and_leaves_nothing_mounted(mount_factory,
+                                                                            tmp_path):
+    """Ctrl-C on `tierfs mount` while its daemon is held up (a bucket that takes every
+    request and answers none): the command returned 130 and left the daemon starting
+    in the background, to mount later. It now stops the daemon and says so in one
+    line; nothing is left mounted or running."""
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps({}))
+    m = mount_factory(args=("--fault-file", str(faults)))
+    m.umount()
+    faults.write_text(json.dumps({"hang": True}))
+    cmd = subprocess.Popen([sys.executable, "-m", "tierfs", "mount", m.cold_url, m.mountpoint,
+                            "--cache-dir", m.cache_dir, "--fault-file", str(faults)],
+                           env=m.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: _daemons_of(m.cache_dir), 60, "the daemon to start")
+        cmd.send_signal(signal.SIGINT)
+        out, err = cmd.communicate(timeout=60)
+        faults.write_text(json.dumps({}))  # a daemon left behind would now mount
+        daemons_left = _daemons_of(m.cache_dir)
+    finally:
+        if cmd.poll() is None:
+            cmd.kill()
+            cmd.communicate()
+        for pid in _daemons_of(m.cache_dir):
+            os.kill(pid, signal.SIGKILL)
+        faults.write_text(json.dumps({}))
+    assert daemons_left == [], "the daemon kept starting after the command ended"
+    assert cmd.returncode == 130, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert "interrupted" in lines[0] and "daemon stopped" in lines[0], lines[0]
+    assert m.mountpoint not in mounts()
+    m.start()  # the cache dir is free again: the next mount starts
+    assert m.mounted
+
+
 def test_the_guard_aborts_the_connection_a_killed_daemon_left_open(mount_factory):
     """No command needed: calls on the mount fail with ENOTCONN instead of waiting,
     the log says why, and the next mount replaces the dead one."""

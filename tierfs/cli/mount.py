@@ -144,9 +144,18 @@ def spawn_daemon(argv: list[str], cfg: MountConfig) -> int:
                                 pass_fds=(w,), env=env, start_new_session=True,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=stderr)
-        os.close(w)
-        with os.fdopen(r, "rb") as f:
-            message = _read_report(f, cfg.start_timeout)
+        try:
+            os.close(w)
+            with os.fdopen(r, "rb") as f:
+                message = _read_report(f, cfg.start_timeout)
+        except KeyboardInterrupt:
+            # Ctrl-C abandons the start: a daemon left to finish it in the background
+            # would mount after the command said it was interrupted.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second one must not cut this short
+            left = _stop_daemon(proc, mountpoint, mounted_before)
+            print(f"tierfs: interrupted: the mount of {mountpoint} was abandoned and its "
+                  f"daemon stopped before it finished starting{left}", file=sys.stderr)
+            return 130
         if message is None:
             raise UserError(_stop_unstarted(proc, cfg, mountpoint, mounted_before))
         if message.startswith("OK"):
@@ -179,11 +188,11 @@ def _read_report(f, timeout: float) -> str | None:
         data += chunk
 
 
-def _stop_unstarted(proc: subprocess.Popen, cfg: MountConfig, mountpoint: str,
-                    mounted_before: bool) -> str:
-    """Kill a daemon that did not start within --start-timeout, remove the mount it may
-    have made, and say so. Killed while it starts, it loses nothing: what it had
-    written is in the cache dir, as after a crash, for the next mount."""
+def _stop_daemon(proc: subprocess.Popen, mountpoint: str, mounted_before: bool) -> str:
+    """Kill a daemon that has not said it started, and remove the mount it may have
+    made; return a note if it has not exited yet. Killed while it starts, it loses
+    nothing: what it had written is in the cache dir, as after a crash, for the next
+    mount."""
     proc.kill()
     try:
         proc.wait(timeout=30)
@@ -192,6 +201,13 @@ def _stop_unstarted(proc: subprocess.Popen, cfg: MountConfig, mountpoint: str,
         left = f"; it (pid {proc.pid}) has not exited yet and holds the cache dir until it does"
     if not mounted_before and mounts().get(mountpoint) == "fuse.tierfs":
         unmount_lazy(mountpoint)  # it had mounted, and hung before it said so
+    return left
+
+
+def _stop_unstarted(proc: subprocess.Popen, cfg: MountConfig, mountpoint: str,
+                    mounted_before: bool) -> str:
+    """Stop a daemon that did not start within --start-timeout, and say so."""
+    left = _stop_daemon(proc, mountpoint, mounted_before)
     return (f"the daemon did not finish starting within {cfg.start_timeout:g}s "
             f"(--start-timeout) and was stopped{left}: see {os.path.abspath(cfg.log_path)} for "
             f"how far it got "
