@@ -169,6 +169,45 @@ def test_umount_of_a_daemon_killed_while_it_unmounts_is_not_reported_clean(mount
     assert f"{m.cache_dir}/tierfs.log" in err
 
 
+def test_umount_timeout_bounds_the_wait_for_a_daemon_that_does_not_exit(mount_factory,
+                                                                         tmp_path):
+    """After the kernel let go of the mount, umount waits for the daemon to exit: a
+    daemon held up in its final checkpoint (a bucket that takes the request and never
+    answers) kept it waiting a fixed hour, with no option to change that. --timeout
+    bounds the wait; its end is one line naming the daemon, exit 3 (what it has not
+    uploaded is not known to be in the bucket)."""
+    from tests.harness import wait_until
+    from tierfs import registry
+    faults = tmp_path / "faults.json"
+    faults.write_text("{}")
+    m = mount_factory(args=("--fault-file", str(faults)))
+    os.mkdir(m.path("d"))  # a change the final checkpoint has to take to the bucket
+    faults.write_text(json.dumps({"hang": True, "hang_ops": ["put"]}))
+    pid = m.pid
+    try:
+        res = m.cli("umount", m.mountpoint, "--timeout", "3", timeout=120)
+        assert not m.mounted
+        assert registry.main_thread_runs(pid), "the daemon should still be held up"
+    finally:
+        faults.write_text("{}")  # the checkpoint goes through, and the daemon exits
+    wait_until(lambda: not registry.main_thread_runs(pid), 120, f"daemon {pid} to exit")
+    m.pid = None
+    assert res.returncode == 3, res
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert f"(pid {pid}) has not exited 3s after the unmount" in lines[0], lines[0]
+    assert f"kill -USR1 {pid}" in lines[0]
+
+
+def test_umount_refuses_a_timeout_that_is_no_bounded_wait(mount_factory):
+    """NaN would make the wait endless: refused in one line before anything is done."""
+    m = mount_factory()
+    for bad in ("nan", "-1"):
+        res = m.cli("umount", m.mountpoint, "--timeout", bad)
+        assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res
+        assert "--timeout" in res.stderr and m.mounted
+
+
 @pytest.mark.allow_log_errors
 def test_dirty_data_whose_hot_file_vanished_while_unmounted_is_reported_lost(mount_factory):
     """The daemon died with data not uploaded, and its hot file was deleted before the

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import select
 import sys
@@ -77,6 +78,17 @@ def _umount_target(args) -> str:
     return found
 
 
+def _seconds(text: str) -> float:
+    """A wait in seconds: NaN would never end it, a negative one end it at once."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is no number of seconds (0 or more)")
+    return value
+
+
 class OneLineParser(argparse.ArgumentParser):
     """Usage errors in one line that names the problem and where help is, as every
     other error of the command (argparse would print the whole usage first)."""
@@ -99,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the mount point (default: the mountpoint of --config, or "
                    "TIERFS_MOUNTPOINT)")
     p.add_argument("--config", metavar="FILE", help="TOML file the mount was made with")
+    p.add_argument("--timeout", type=_seconds, default=3600.0, metavar="SECONDS",
+                   help="give up waiting for the daemon to exit after this long, exit "
+                   "status 3 (default: 3600)")
     p = sub.add_parser("status", help="show the state of a mount, a directory or a file",
                        description="Hot, cold and dirty bytes of a mount; with a directory, "
                        "the totals of everything below it; with a file, where each of its "
@@ -152,7 +167,7 @@ def _run(argv: list[str]) -> int:
             return spawn_daemon(argv, cfg)
         if args.command == "umount":
             from .mount import umount
-            return umount(_umount_target(args))
+            return umount(_umount_target(args), args.timeout)
         if args.command == "status":
             return status.cmd_status(args)
         if args.command in offline.COMMANDS:

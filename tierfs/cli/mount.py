@@ -252,9 +252,13 @@ def _wait_for_exit(pid: int, cache_dir: str, timeout: float) -> None:
     try:
         while pid_alive(pid):
             if time.monotonic() > deadline:
-                raise UserError(f"daemon {pid} is still flushing after {timeout:.0f}s; it "
-                                f"keeps running in the background (see tierfs.log in its "
-                                f"cache dir)")
+                # Unmounted, but what it has not uploaded or checkpointed yet is not known
+                # to be in the bucket: exit 3, as for every such end.
+                log_path = os.path.join(cache_dir, "tierfs.log")
+                raise NotInBucket(f"the daemon (pid {pid}) has not exited {timeout:g}s after "
+                                  f"the unmount (--timeout): it goes on in the background, and "
+                                  f"what it has not uploaded is safe in {cache_dir}; kill -USR1 "
+                                  f"{pid} writes what it waits for to {log_path}")
             report = exit_report.read(cache_dir, pid) or {}
             if report.get("stopping"):
                 total = report["start_dirty_bytes"]
