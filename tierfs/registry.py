@@ -95,11 +95,21 @@ def registered(dev: int, mountpoint: str) -> dict | None:
         try:
             with open(_entry(directory, dev)) as f:
                 info = json.load(f)
-            if info["mountpoint"] == mountpoint and isinstance(info["pid"], int):
+            if _same_point(info["mountpoint"], mountpoint) and isinstance(info["pid"], int):
                 return info
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return None
+
+
+def _same_point(registered_as: str, mountpoint: str) -> bool:
+    """Whether the mount point an entry names (as it was given to tierfs mount) is
+    `mountpoint` as the mount table spells it, with every symlink resolved. Only its
+    parent is resolved: the mount point itself is never stat'ed (its daemon may hang)."""
+    if registered_as == mountpoint:
+        return True
+    parent, name = os.path.split(registered_as)
+    return os.path.join(os.path.realpath(parent), name) == mountpoint
 
 
 def serving(dev: int, mountpoint: str) -> dict | None:

@@ -149,6 +149,26 @@ def test_status_of_a_stopped_daemons_mount_says_it_does_not_answer(mount_factory
     assert "hot" in m.cli("status", m.path("f"), check=True).stdout  # answers again
 
 
+def test_status_finds_a_stopped_daemon_mounted_through_a_symlinked_path(mount_factory,
+                                                                         tmp_path):
+    """A mount made through a path with a symlink in it: the mount table names the
+    resolved mount point, the registry named the path as given, so status found no
+    daemon without asking the mount and waited in the kernel on a stopped one."""
+    m = mount_factory(start=False)
+    link = tmp_path / "via-link"
+    link.symlink_to(tmp_path)
+    m.cli("mount", m.cold_url, link / os.path.basename(m.mountpoint), "--cache-dir",
+          m.cache_dir, check=True)
+    m.pid = m.daemon_pid()
+    os.kill(m.pid, signal.SIGSTOP)
+    try:
+        res = m.cli("status", m.mountpoint, timeout=60)
+    finally:
+        os.kill(m.pid, signal.SIGCONT)
+    assert res.returncode == 1, res
+    assert "does not answer" in res.stderr and f"kill -CONT {m.pid}" in res.stderr, res.stderr
+
+
 def test_sync_wait_on_a_daemon_stopped_meanwhile_ends_and_says_so(mount_factory, tmp_path):
     """A daemon stopped (or stuck) while `tierfs sync --wait` waits for it: the command
     waited for ever, past its own --timeout. It ends once the daemon has said nothing
