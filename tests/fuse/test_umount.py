@@ -245,6 +245,20 @@ def test_umount_through_a_symlink_to_the_mount_point(mount_factory, tmp_path):
     assert res.stdout == f"unmounted {m.mountpoint}\n" and not m.mounted
 
 
+def test_umount_through_a_symlinked_directory_above_the_mount_point(mount_factory,
+                                                                     tmp_path):
+    """The path the mount was made with (/data/mnt, /data -> /nvme) unmounts it, also
+    where a directory above the mount point is the symlink; it was said to be 'not
+    mounted'."""
+    m = mount_factory()
+    link = tmp_path / "via-link"
+    link.symlink_to(tmp_path)
+    res = m.cli("umount", str(link / os.path.basename(m.mountpoint)))
+    assert res.returncode == 0, res.stderr
+    m.pid = None
+    assert res.stdout == f"unmounted {m.mountpoint}\n" and not m.mounted
+
+
 def test_umount_of_a_killed_daemons_mount_does_not_say_all_is_in_the_bucket(mount_factory):
     """The daemon was killed with data not uploaded: umount removed its stale mount and
     exited 0, which promises everything is in the bucket. It exits 3 and says where

@@ -274,9 +274,11 @@ def _wait_for_exit(pid: int, cache_dir: str, timeout: float) -> None:
 
 
 def _follow_links(path: str, table: dict[str, str]) -> str:
-    """`path` with the symlinks it ends in followed, stopping at a mount point of
-    `table` (never stat'ed: its daemon may hang)."""
+    """`path` with its symlinks followed as the table spells mount points (resolved),
+    stopping at a mount point of `table` (never stat'ed: its daemon may hang)."""
     for _ in range(40):  # as the kernel, give up on a loop
+        # The directories above may be symlinks too; resolving them stats only them.
+        path = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
         if path in table or not os.path.islink(path):
             break
         path = os.path.normpath(os.path.join(os.path.dirname(path), os.readlink(path)))
