@@ -70,9 +70,9 @@ _ZEROS = bytes(1 << 20)
 _MODES = ("rb", "br")
 
 _lock = threading.Lock()
-# st_dev -> (mount, valid until, TABLE's generation then): a device number is only
-# known while no filesystem was mounted or unmounted since (numbers are reused).
-_mounts: dict[int, tuple["_Mount | None", float, int | None]] = {}
+# st_dev -> (mount, valid until, TABLE.mounts_of(st_dev) then): a device number is only
+# known while its mounts stay the same (numbers freed by an unmount are reused).
+_mounts: dict[int, tuple["_Mount | None", float, tuple | None]] = {}
 _noted: set[str] = set()
 
 
@@ -133,9 +133,11 @@ def _fd_budget() -> int:
 def _mount_of(path, dev: int) -> _Mount | None:
     """The tierfs mount a file is on (cached per device number), or None."""
     now = time.monotonic()
-    generation = TABLE.generation()
+    # Kept while this filesystem's mounts stay as they were: mounts elsewhere (other
+    # jobs' and containers') do not send every process to the daemon again.
+    seen = TABLE.mounts_of(dev)
     hit = _mounts.get(dev)
-    if hit is not None and hit[1] > now and hit[2] == generation:
+    if hit is not None and hit[1] > now and hit[2] == seen:
         return hit[0]
     roots = TABLE.roots_of(dev)
     mount, until = None, now + NEGATIVE_TTL
@@ -157,7 +159,7 @@ def _mount_of(path, dev: int) -> _Mount | None:
         except (UserError, OSError, ValueError, KeyError):
             continue
     with _lock:
-        _mounts[dev] = (mount, until, generation)
+        _mounts[dev] = (mount, until, seen)
     return mount
 
 
@@ -169,7 +171,7 @@ def _placed(path) -> tuple[_Mount, str] | None:
         return None
     hit = _mounts.get(placed[0])
     if (hit is None or hit[0] is None or hit[1] <= time.monotonic()
-            or hit[2] != TABLE.generation()):
+            or hit[2] != TABLE.mounts_of(placed[0])):
         return None
     return hit[0], placed[1]
 

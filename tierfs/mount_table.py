@@ -46,6 +46,7 @@ class MountTable:
         # mount there, the points longest first.
         self._entries: list[tuple[str, int, str, str]] = []
         self._points: dict[str, tuple[int, str]] = {}
+        self._mounts: dict[int, tuple] = {}  # st_dev -> its mounts (mounts_of)
         self._order: list[str] = []
         self._reads = 0  # how often the table was read: a new number after every change
         _tables.add(self)
@@ -57,6 +58,16 @@ class MountTable:
         next one mounted."""
         with self._lock:
             return self._reads if self._fresh() else None
+
+    def mounts_of(self, dev: int) -> tuple | None:
+        """What identifies the mounts of the filesystem with device number `dev` now:
+        their mount ids, points and directories (None: the table cannot be read). What
+        was learnt about a device number holds while this stays the same, whatever is
+        mounted elsewhere; a number an unmount freed goes with new mount ids."""
+        with self._lock:
+            if not self._fresh():
+                return None
+            return self._mounts.get(dev, ())
 
     def place(self, path) -> tuple[int, str] | None:
         """(st_dev, path inside that filesystem, from its root) of the mount `path`
@@ -115,6 +126,7 @@ class MountTable:
         self._file.seek(0)
         entries = []
         at: dict[str, list] = {}  # mount point -> [(id, parent id, st_dev, root)]
+        by_dev: dict[int, list] = {}  # st_dev -> [(id, mount point, root)]
         for line in self._file.read().decode("utf-8", "surrogateescape").splitlines():
             left, _, right = line.partition(" - ")
             parts = left.split()
@@ -123,6 +135,7 @@ class MountTable:
             dev = os.makedev(int(major), int(minor))
             entries.append((point, dev, root, right.split(" ", 1)[0]))
             at.setdefault(point, []).append((parts[0], parts[1], dev, root))
+            by_dev.setdefault(dev, []).append((parts[0], point, root))
         points = {}
         for point, mounts in at.items():
             # Of mounts stacked at one point, the top one is no other's parent.
@@ -131,6 +144,7 @@ class MountTable:
             if len(top) == 1:
                 points[point] = top[0][2:]
         self._entries, self._points = entries, points
+        self._mounts = {dev: tuple(sorted(found)) for dev, found in by_dev.items()}
         self._order = sorted(points, key=len, reverse=True)
         self._reads += 1
 
@@ -141,7 +155,7 @@ class MountTable:
             except OSError:
                 pass
         self._file = self._poll = None
-        self._entries, self._points, self._order = [], {}, []
+        self._entries, self._points, self._order, self._mounts = [], {}, [], {}
 
 
 def _after_fork_in_child() -> None:

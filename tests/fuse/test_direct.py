@@ -225,6 +225,29 @@ def test_a_small_file_costs_the_daemon_an_open_and_a_release(pub, monkeypatch):
         assert requests_of(tierfs.open, buffering) == {"open": n, "release": n}
 
 
+def test_a_mount_elsewhere_does_not_make_tierfs_open_ask_the_daemon_again(pub, tmp_path):
+    """tierfs.open keeps what it learnt about a mount while that mount stays: other
+    filesystems mounted and unmounted meanwhile (other jobs, other tests) cost the
+    daemon no new lookup of its control xattr."""
+    m = pub()
+    write_file(m.path("f"), pattern(E, 24))
+    with tierfs.open(m.path("f"), "rb") as f:
+        f.read()  # the mount is known from now on
+    before = fuse_ops(m).get("getxattr", 0)
+    other = tmp_path / "other"
+    other.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "tierfs-test", str(other)],
+                   check=True)
+    try:
+        with tierfs.open(m.path("f"), "rb") as f:
+            assert f.read() == pattern(E, 24)
+    finally:
+        subprocess.run(["umount", str(other)], check=True)
+    with tierfs.open(m.path("f"), "rb") as f:
+        assert f.read() == pattern(E, 24)
+    assert fuse_ops(m).get("getxattr", 0) == before
+
+
 def test_a_small_file_object_behaves_as_open_gives_it(pub, monkeypatch):
     monkeypatch.setattr(tdirect, "MOUNT_BELOW", DEFAULT_MOUNT_BELOW)
     m = pub()
