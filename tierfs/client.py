@@ -116,7 +116,7 @@ def request(path: str, cmd: str, *, daemon: dict | None = None, wait_s: float | 
     try:
         sock.connect(info["socket"])
     except TimeoutError:
-        raise not_answering(info["socket"]) from None
+        raise not_answering(info["socket"], info.get("pid")) from None
     except OSError as e:
         raise UserError(f"cannot reach the tierfs daemon at {info['socket']}: "
                         f"{e.strerror or e}") from None
@@ -128,7 +128,7 @@ def request(path: str, cmd: str, *, daemon: dict | None = None, wait_s: float | 
         except TimeoutError:
             if wait_s is not None:
                 raise
-            raise not_answering(info["socket"]) from None
+            raise not_answering(info["socket"], info.get("pid")) from None
         sock.settimeout(wait_s or ANSWER_CHECK_S)
         buf = bytearray()
         while True:
@@ -139,7 +139,7 @@ def request(path: str, cmd: str, *, daemon: dict | None = None, wait_s: float | 
                     raise
                 if answers_ping(info["socket"]):
                     continue  # at work on the command
-                raise not_answering(info["socket"]) from None
+                raise not_answering(info["socket"], info.get("pid")) from None
             except ConnectionResetError:
                 return  # the callers find no final answer, and say so
             if not chunk:

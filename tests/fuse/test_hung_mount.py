@@ -213,6 +213,7 @@ def test_prefetch_on_a_daemon_stopped_meanwhile_ends_and_says_so(mount_factory, 
     out, err = prefetch.stdout, prefetch.stderr
     assert prefetch.returncode == 1, (out, err)
     assert "does not answer" in err and m.cache_dir in err, err
+    assert f"kill -CONT {m.pid}" in err, err  # the daemon named by its pid
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert read_file(m.path("f")) == b"cold data" * 10_000  # the daemon runs again
 
