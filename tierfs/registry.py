@@ -102,14 +102,18 @@ def registered(dev: int, mountpoint: str) -> dict | None:
     return None
 
 
+def parent_resolved(path: str) -> str:
+    """`path` with the symlinks of the directories above it resolved, as the mount
+    table spells a mount point; the last name is never stat'ed (a mount point's
+    daemon may hang)."""
+    parent, name = os.path.split(path)
+    return os.path.join(os.path.realpath(parent), name)
+
+
 def _same_point(registered_as: str, mountpoint: str) -> bool:
     """Whether the mount point an entry names (as it was given to tierfs mount) is
-    `mountpoint` as the mount table spells it, with every symlink resolved. Only its
-    parent is resolved: the mount point itself is never stat'ed (its daemon may hang)."""
-    if registered_as == mountpoint:
-        return True
-    parent, name = os.path.split(registered_as)
-    return os.path.join(os.path.realpath(parent), name) == mountpoint
+    `mountpoint` as the mount table spells it, with every symlink resolved."""
+    return registered_as == mountpoint or parent_resolved(registered_as) == mountpoint
 
 
 def serving(dev: int, mountpoint: str) -> dict | None:

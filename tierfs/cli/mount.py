@@ -278,7 +278,7 @@ def _follow_links(path: str, table: dict[str, str]) -> str:
     stopping at a mount point of `table` (never stat'ed: its daemon may hang)."""
     for _ in range(40):  # as the kernel, give up on a loop
         # The directories above may be symlinks too; resolving them stats only them.
-        path = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+        path = registry.parent_resolved(path)
         if path in table or not os.path.islink(path):
             break
         path = os.path.normpath(os.path.join(os.path.dirname(path), os.readlink(path)))
