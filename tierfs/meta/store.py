@@ -676,29 +676,26 @@ class MetaStore:
         and the inode itself stays."""
         self._records_change(ino)
         if limit is not None:
-            prefix = s.extent_prefix(ino)
-            part = list(itertools.islice(self._scan(txn, prefix), limit + 1))
+            part = list(itertools.islice(self._scan(txn, s.extent_prefix(ino)), limit + 1))
             if len(part) > limit:
-                for key, val in part[:limit]:
-                    ext = Extent.decode(val)
-                    if ext.obj_id:
-                        self._drop_object(txn, ext.ref)
-                    txn.delete(key)
+                self._delete_records(txn, part[:limit])
                 return False
         txn.delete(s.inode_key(ino))
         txn.delete(s.symlink_key(ino))
         txn.delete(s.orphan_key(ino))
         for prefix in (s.xattr_prefix(ino), s.extent_prefix(ino), s.held_prefix(ino)):
-            keys = []
-            for key, val in list(self._scan(txn, prefix)):
-                keys.append(key)
-                if prefix[0:1] == b"E":
-                    ext = Extent.decode(val)
-                    if ext.obj_id:
-                        self._drop_object(txn, ext.ref)
-            for key in keys:
-                txn.delete(key)
+            self._delete_records(txn, list(self._scan(txn, prefix)))
         return True
+
+    def _delete_records(self, txn, records: list[tuple[bytes, bytes]]) -> None:
+        """Delete (key, value) records of a file; the objects its extent records name
+        go to gc."""
+        for key, val in records:
+            if key[:1] == b"E":
+                ext = Extent.decode(val)
+                if ext.obj_id:
+                    self._drop_object(txn, ext.ref)
+            txn.delete(key)
 
     @_transaction
     def purge_orphan(self, ino: int, limit: int | None = None) -> bool | None:
@@ -1205,7 +1202,7 @@ class MetaStore:
         """Delete keys as they are (fsck repairs)."""
         with self._write() as txn:
             for key in keys:
-                if key[:1] == s.extent_prefix(0)[:1]:
+                if key[:1] == b"E":
                     self._records_change(s.read_u64(key, 1))
                 txn.delete(key)
 
