@@ -290,12 +290,19 @@ def test_a_daemon_that_hangs_while_starting_fails_the_mount_and_is_stopped(mount
     assert m.mounted
 
 
+@pytest.mark.parametrize("signum,words", [(signal.SIGINT, "interrupted"),
+                                           (signal.SIGTERM, "stopped by SIGTERM"),
+                                           (signal.SIGHUP, "stopped by SIGHUP")],
+                         ids=["ctrl-c", "sigterm", "sighup"])
 def test_ctrl_c_while_the_daemon_starts_stops_it_and_leaves_nothing_mounted(mount_factory,
-                                                                            tmp_path):
+                                                                            tmp_path, signum,
+                                                                            words):
     """Ctrl-C on `tierfs mount` while its daemon is held up (a bucket that takes every
     request and answers none): the command returned 130 and left the daemon starting
-    in the background, to mount later. It now stops the daemon and says so in one
-    line; nothing is left mounted or running."""
+    in the background, to mount later; SIGTERM (a service manager giving up on the
+    start) and SIGHUP (the terminal closed) ended the command and left it too. Each
+    now stops the daemon and says so in one line, exit 128 + the signal; nothing is
+    left mounted or running."""
     faults = tmp_path / "faults.json"
     faults.write_text(json.dumps({}))
     m = mount_factory(args=("--fault-file", str(faults)))
@@ -306,7 +313,7 @@ def test_ctrl_c_while_the_daemon_starts_stops_it_and_leaves_nothing_mounted(moun
                            env=m.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_until(lambda: _daemons_of(m.cache_dir), 60, "the daemon to start")
-        cmd.send_signal(signal.SIGINT)
+        cmd.send_signal(signum)
         out, err = cmd.communicate(timeout=60)
         faults.write_text(json.dumps({}))  # a daemon left behind would now mount
         daemons_left = _daemons_of(m.cache_dir)
@@ -318,10 +325,10 @@ def test_ctrl_c_while_the_daemon_starts_stops_it_and_leaves_nothing_mounted(moun
             os.kill(pid, signal.SIGKILL)
         faults.write_text(json.dumps({}))
     assert daemons_left == [], "the daemon kept starting after the command ended"
-    assert cmd.returncode == 130, (out, err)
+    assert cmd.returncode == 128 + signum, (out, err)
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err, err
-    assert "interrupted" in lines[0] and "daemon stopped" in lines[0], lines[0]
+    assert words in lines[0] and "daemon stopped" in lines[0], lines[0]
     assert m.mountpoint not in mounts()
     m.start()  # the cache dir is free again: the next mount starts
     assert m.mounted

@@ -1,6 +1,7 @@
 """`tierfs mount` and `tierfs umount`."""
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import logging
 import logging.handlers
@@ -146,16 +147,21 @@ def spawn_daemon(argv: list[str], cfg: MountConfig) -> int:
                                 stderr=stderr)
         try:
             os.close(w)
-            with os.fdopen(r, "rb") as f:
+            with os.fdopen(r, "rb") as f, _stopping_signals_raise():
                 message = _read_report(f, cfg.start_timeout)
-        except KeyboardInterrupt:
-            # Ctrl-C abandons the start: a daemon left to finish it in the background
-            # would mount after the command said it was interrupted.
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second one must not cut this short
+        except (KeyboardInterrupt, _StopSignal) as e:
+            # Ctrl-C (or a service manager's SIGTERM, a closed terminal's SIGHUP)
+            # abandons the start: a daemon left to finish it in the background would
+            # mount after the command said it was stopped.
+            for signum in STOPPING_SIGNALS:  # a second one must not cut this short
+                signal.signal(signum, signal.SIG_IGN)
             left = _stop_daemon(proc, mountpoint, mounted_before)
-            print(f"tierfs: interrupted: the mount of {mountpoint} was abandoned and its "
+            signum = getattr(e, "signum", signal.SIGINT)
+            how = ("interrupted" if signum == signal.SIGINT else
+                   f"stopped by {signal.Signals(signum).name}")
+            print(f"tierfs: {how}: the mount of {mountpoint} was abandoned and its "
                   f"daemon stopped before it finished starting{left}", file=sys.stderr)
-            return 130
+            return 128 + signum
         if message is None:
             raise UserError(_stop_unstarted(proc, cfg, mountpoint, mounted_before))
         if message.startswith("OK"):
@@ -171,6 +177,39 @@ def spawn_daemon(argv: list[str], cfg: MountConfig) -> int:
         print(f"tierfs: the daemon exited with status {proc.returncode} before mounting: "
               f"{why}", file=sys.stderr)
     return 1
+
+
+STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class _StopSignal(Exception):
+    """SIGTERM or SIGHUP while `tierfs mount` waits for its daemon."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _stopping_signals_raise():
+    """SIGTERM and SIGHUP raise _StopSignal meanwhile (SIGINT raises
+    KeyboardInterrupt already); their default would end the command and leave the
+    daemon, a session of its own, starting."""
+    stopped = []
+
+    def stop(signum, frame):
+        for each in STOPPING_SIGNALS:  # a second one must not cut the stop short
+            signal.signal(each, signal.SIG_IGN)
+        stopped.append(signum)
+        raise _StopSignal(signum)
+
+    before = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        if not stopped:
+            for signum, handler in before.items():
+                signal.signal(signum, handler)
 
 
 def _read_report(f, timeout: float) -> str | None:
