@@ -5,6 +5,7 @@ import errno
 import json
 import os
 import pty
+import signal
 import subprocess
 import sys
 
@@ -197,6 +198,42 @@ def test_umount_timeout_bounds_the_wait_for_a_daemon_that_does_not_exit(mount_fa
     assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
     assert f"(pid {pid}) has not exited 3s after the unmount" in lines[0], lines[0]
     assert f"kill -USR1 {pid}" in lines[0]
+
+
+def test_ctrl_c_while_umount_waits_for_the_daemon_says_what_goes_on(mount_factory, tmp_path):
+    """Ctrl-C while umount waits for a daemon held up in its final checkpoint: the
+    command exited 130 without a word, leaving the user to guess whether the
+    filesystem was unmounted and what became of the data. It now says in one line that
+    the mount is gone and which daemon goes on in the background."""
+    from tests.harness import wait_until
+    from tierfs import registry
+    faults = tmp_path / "faults.json"
+    faults.write_text("{}")
+    m = mount_factory(args=("--fault-file", str(faults)))
+    os.mkdir(m.path("d"))  # a change the final checkpoint has to take to the bucket
+    faults.write_text(json.dumps({"hang": True, "hang_ops": ["put"]}))
+    pid = m.pid
+    umount = subprocess.Popen([sys.executable, "-m", "tierfs", "umount", m.mountpoint],
+                              env=m.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        wait_until(lambda: not m.mounted, 60, "the kernel to let go of the mount")
+        umount.send_signal(signal.SIGINT)
+        out, err = umount.communicate(timeout=60)
+        still_running = registry.main_thread_runs(pid)
+    finally:
+        if umount.poll() is None:
+            umount.kill()
+            umount.communicate()
+        faults.write_text("{}")  # the checkpoint goes through, and the daemon exits
+    wait_until(lambda: not registry.main_thread_runs(pid), 120, f"daemon {pid} to exit")
+    m.pid = None
+    assert still_running, "the daemon should have gone on after the interrupt"
+    assert umount.returncode == 130, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert "interrupted" in lines[0] and f"(pid {pid}) goes on" in lines[0], lines[0]
+    assert m.cache_dir in lines[0], lines[0]
 
 
 def test_umount_refuses_a_timeout_that_is_no_bounded_wait(mount_factory):

@@ -362,7 +362,17 @@ def umount(mountpoint: str, timeout: float = 3600.0) -> int:
             raise UserError(f"{mp} is busy: close the files and shells using it "
                             f"(fuser -vm {mp} lists them) and retry")
         raise UserError(f"unmounting {mp} failed: {res.stderr.strip()}")
-    _wait_for_exit(pid, info["cache_dir"], timeout)
+    try:
+        _wait_for_exit(pid, info["cache_dir"], timeout)
+    except KeyboardInterrupt:
+        # The kernel has let go; the daemon finishes its uploads and its final
+        # checkpoint whether or not anybody waits for it.
+        log_path = os.path.join(info["cache_dir"], "tierfs.log")
+        print(f"tierfs: interrupted: {mp} is unmounted, and its daemon (pid {pid}) goes "
+              f"on in the background; what it has not uploaded is safe in "
+              f"{info['cache_dir']}; kill -USR1 {pid} writes what it waits for to "
+              f"{log_path}", file=sys.stderr)
+        return 130
     report = exit_report.read(info["cache_dir"], pid)
     if report is None or report.get("stopping"):  # no final word: killed or crashed
         log_path = os.path.join(info["cache_dir"], "tierfs.log")
