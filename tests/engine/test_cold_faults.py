@@ -132,3 +132,54 @@ def test_gc_failing_pass_after_pass_warns_once_until_it_works_again(tmp_path):
                         what="gc to delete the dropped object")
 
     run(body)
+
+
+async def _dropped_objects(s, n: int) -> list[int]:
+    """n files of one extent each, uploaded, then cut to nothing: their objects (in
+    id order, the gc queue's order) wait in the gc table."""
+    inos = [s.create() for _ in range(n)]
+    for ino in inos:
+        await s.engine.write(ino, 0, b"x" * E)
+    await settle(s)
+    ids = sorted(s.record(ino, 0).obj_id for ino in inos)
+    for ino in inos:
+        await s.engine.truncate(ino, 0)
+    return ids
+
+
+def test_an_object_the_bucket_will_not_delete_does_not_stop_gc_of_the_others(tmp_path):
+    """A bucket that refuses to delete one object (a retention or legal hold on it):
+    that object stays, every other dropped object still goes. Before, the first
+    refusal failed the whole batch, pass after pass, and the bucket only grew."""
+    async def body():
+        async with engine_stack(tmp_path, extent_size=E, cache_size=16 * E, upload_delay=0,
+                                checkpoint_every=0) as s:
+            s.gc.interval = 3600  # passes run when the test says
+            ids = await _dropped_objects(s, 3)
+            s.faulty.refuse_deletes = (object_name(ids[0]),)
+            await s.gc.collect()
+            assert s.memory.list("data/") == [object_name(ids[0])]
+            assert [i for i, _epoch in s.meta.gc_pending()] == [ids[0]]
+
+    run(body)
+
+
+def test_objects_gc_cannot_delete_yet_do_not_hide_the_ones_behind_them(tmp_path):
+    """gc reads a window of the queue per pass (16 batches). Objects at its head
+    that cannot go (refused by the bucket here; also those a kept checkpoint or
+    the grace still holds) filled it for ever, and nothing behind them was ever
+    looked at. Passes now walk on through the queue."""
+    async def body():
+        async with engine_stack(tmp_path, extent_size=E, cache_size=64 * E, upload_delay=0,
+                                checkpoint_every=0) as s:
+            s.gc.interval = 3600
+            s.gc.batch = 1  # a window of 16 objects: a small queue shows it
+            ids = await _dropped_objects(s, 40)
+            held, free = ids[:32], ids[32:]
+            s.faulty.refuse_deletes = tuple(object_name(i) for i in held)
+            for _ in range(2 * len(ids)):  # a pass tries one object: twice round the queue
+                await s.gc.collect()
+            assert s.memory.list("data/") == [object_name(i) for i in held]
+            assert [i for i, _epoch in s.meta.gc_pending()] == held
+
+    run(body, timeout=60)

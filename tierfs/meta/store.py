@@ -893,12 +893,14 @@ class MetaStore:
         return [(obj_id, epoch) for obj_id, epoch, _record in self.gc_queue(limit)]
 
     @_reads
-    def gc_queue(self, limit: int | None = None) -> list[tuple[int, int, bytes]]:
+    def gc_queue(self, limit: int | None = None, start: int = 0
+                 ) -> list[tuple[int, int, bytes]]:
         """gc_pending() with each object's queue record, which on a shared engine
-        differs each time the object is queued (see _drop_object)."""
+        differs each time the object is queued (see _drop_object); from object id
+        `start` on."""
         out = []
         with self._read() as txn:
-            for key, val in self._scan(txn, b"G"):
+            for key, val in self._scan(txn, b"G", s.gc_key(start)):
                 if limit is not None and len(out) >= limit:
                     break
                 out.append((s.read_u64(key, 1), s.read_u64(val) if val else 0, val))

@@ -32,6 +32,10 @@ class GarbageCollector:
         self.grace = grace
         # object id -> (its queue record, when this queueing was first seen: monotonic)
         self._seen: dict[int, tuple[bytes, float]] = {}
+        # Where the next pass reads the queue from: objects that cannot go yet (a
+        # kept checkpoint holds them, the bucket refuses) must not fill every
+        # pass's window and hide the ones behind them for ever.
+        self._resume_at = 0
         self.paused = lambda: False  # e.g. while this node is fenced off
         # Blocking lease check before deleting: a node taken over must not delete
         # objects that the new holder's metadata still references.
@@ -58,28 +62,45 @@ class GarbageCollector:
             return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
         return fn(*args)
 
-    def _ripe(self, queued: list[tuple[int, int, bytes]]) -> list[tuple[int, int]]:
-        """(id, epoch) of the `queued` objects first seen at least `grace` seconds ago
-        with the queue record they have now. An object that left the queue (a publish
-        named it again) and came back has a new record, so its grace starts again."""
+    def _ripe(self, queued: list[tuple[int, int, bytes]], start: int, end: int
+              ) -> tuple[list[tuple[int, int]], bool]:
+        """(id, epoch) of the `queued` objects (the whole queue from id `start` to
+        `end`, excluded) first seen at least `grace` seconds ago with the queue
+        record they have now, and whether others are still within their grace. An
+        object that left the queue (a publish named it again) and came back has a
+        new record, so its grace starts again."""
         if not self.grace:
-            return [(i, epoch) for i, epoch, _record in queued]
+            return [(i, epoch) for i, epoch, _record in queued], False
         now = time.monotonic()
-        seen = {}
+        # Objects of this range no longer queued are forgotten; others wait their turn.
+        seen = {i: v for i, v in self._seen.items() if not start <= i < end}
         for obj_id, _epoch, record in queued:
             known = self._seen.get(obj_id)
             seen[obj_id] = known if known and known[0] == record else (record, now)
-        self._seen = seen  # objects no longer queued are forgotten
-        return [(i, epoch) for i, epoch, _record in queued if now - seen[i][1] >= self.grace]
+        self._seen = seen
+        ripe = [(i, epoch) for i, epoch, _record in queued if now - seen[i][1] >= self.grace]
+        return ripe, len(ripe) < len(queued)
 
     async def collect(self) -> int:
         meta, cold = self.meta, self.engine.cold
         if self.paused():
             return 0
+        window, start = 16 * self.batch, self._resume_at
+        queued = await self._call(meta.gc_queue, window, start)
+        end = queued[-1][0] + 1 if len(queued) >= window else 1 << 64
+        ripe, waiting = self._ripe(queued, start, end)
         # Kept checkpoints may still reference an object dropped in epoch e.
-        queued = await self._call(meta.gc_queue, 16 * self.batch)
-        ids = [i for i, epoch in self._ripe(queued) if self.engine.gc_guard(epoch)]
-        ids = ids[:self.batch]
+        ripe = [i for i, epoch in ripe if self.engine.gc_guard(epoch)]
+        ids = ripe[:self.batch]
+        # The next pass reads on after the last object this one tries (or the end
+        # of its window); from the start again once it reached the queue's end. A
+        # window with objects within their grace is read again until they ripen:
+        # only what was seen is remembered, so memory stays bounded by the window.
+        if len(ripe) > len(ids):
+            end = ids[-1] + 1
+        elif waiting:
+            end = start
+        self._resume_at = end if end < 1 << 64 else 0
         if not ids:
             return 0
 
@@ -88,24 +109,37 @@ class GarbageCollector:
             # disk first, or a power cut could bring back records naming them.
             await self.engine.meta_sync.commits_so_far()
 
-        def delete_all() -> bool:
+        def delete_all() -> tuple[list[int], ColdStoreError | None]:
+            """(the ids deleted, the last error). An object the bucket refuses to
+            delete (a hold on it) is left for a later pass, the others still go; a
+            transient error (an outage) ends the batch."""
+            deleted, error = [], None
             if not self.still_ours():
-                return False  # taken over: the lease check fenced this node
+                return deleted, error  # taken over: the lease check fenced this node
             for obj_id in ids:
-                cold.delete(object_name(obj_id))
-            return True
+                try:
+                    cold.delete(object_name(obj_id))
+                except ColdStoreError as e:
+                    error = e
+                    if e.transient:
+                        break
+                    continue
+                deleted.append(obj_id)
+            return deleted, error
 
         try:
-            deleted = await trio.to_thread.run_sync(delete_all, limiter=self.engine.s3_limiter,
-                                                    abandon_on_cancel=True)
-        except ColdStoreError as e:
-            self.delete_failures.failed(e)
-            return 0
+            deleted, error = await trio.to_thread.run_sync(
+                delete_all, limiter=self.engine.s3_limiter, abandon_on_cancel=True)
+        except ColdStoreError as e:  # the lease could not be read
+            deleted, error = [], e
+        if error is not None:
+            self.delete_failures.failed(error)
+        elif deleted:
+            self.delete_failures.worked()
         if not deleted:
             return 0
-        self.delete_failures.worked()
-        await self._call(meta.gc_done, ids)
-        for obj_id in ids:
+        await self._call(meta.gc_done, deleted)
+        for obj_id in deleted:
             self._seen.pop(obj_id, None)
-        self.engine.stats.inc("gc_deleted", len(ids))
-        return len(ids)
+        self.engine.stats.inc("gc_deleted", len(deleted))
+        return len(deleted)
