@@ -2,8 +2,11 @@
 lost pack, a rewrite or a compaction while they read."""
 from __future__ import annotations
 
+import errno
+
 import pytest
 
+from tierfs.errors import FsError
 from tierfs.meta import scan
 from tierfs.meta.schema import object_name
 
@@ -50,6 +53,33 @@ def test_a_lost_pack_does_not_stop_compaction_of_the_others(tmp_path):
             assert s.record(lost_inos[0], 0).obj_id == lost  # left where it is
             errors = [r.getMessage() for r in s.logs.records if "missing" in r.getMessage()]
             assert any(object_name(lost) in m for m in errors), errors
+    run(body)
+
+
+def test_a_pack_the_bucket_will_not_read_does_not_stop_compaction_of_the_others(tmp_path):
+    """A pack the bucket refuses to read (a lifecycle rule archived it: S3 answers
+    403 InvalidObjectState) cannot be compacted, and its files read EIO. Before,
+    that refusal failed every compaction pass, and as the deadest pack it came
+    first each time: no other pack was ever compacted again."""
+    async def body():
+        async with _stack(tmp_path, compact_dead=0.5,
+                          allowed_errors=("InvalidObjectState",)) as s:
+            archived_inos, archived = await _packed(s, 4, 1)
+            inos, kept = await _packed(s, 4, 11)
+            s.faulty.refuse_gets = (object_name(archived),)
+            for ino in archived_inos[1:] + inos[1:]:  # both packs 3/4 dead
+                await s.engine.truncate(ino, 0)
+            await until(lambda: s.record(inos[0], 0).obj_id != kept, timeout=5,
+                        what="the readable pack to be compacted")
+            s.evict_all()
+            assert bytes(await s.engine.read(inos[0], 0, SMALL)) == bytes([11]) * SMALL
+            assert s.record(archived_inos[0], 0).obj_id == archived  # left where it is
+            named = [r.getMessage() for r in s.logs.records
+                     if object_name(archived) in r.getMessage()]
+            assert len(named) == 1 and "compaction" in named[0], named
+            with pytest.raises(FsError) as e:  # its own files only
+                await s.engine.read(archived_inos[0], 0, SMALL)
+            assert e.value.errno == errno.EIO
     run(body)
 
 

@@ -21,6 +21,7 @@ class FaultyStore:
         self.latency_s = 0.0  # sleep before each call
         self.corrupt_keys: set[str] = set()  # get() on these flips one byte
         self.refuse_deletes: tuple[str, ...] = ()  # delete() of keys with these prefixes fails
+        self.refuse_gets: tuple[str, ...] = ()  # get() of these fails (an archived object)
         self.calls: dict[str, int] = {}
         self._rng = random.Random(seed)
         self._lock = threading.Lock()  # Random and the counters are shared by threads
@@ -49,6 +50,8 @@ class FaultyStore:
 
     def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
         self._enter("get")
+        if key.startswith(self.refuse_gets):  # as S3 answers for an object in Glacier
+            raise ColdStoreError(f"get {key} failed: InvalidObjectState (HTTP 403)")
         data = self.inner.get(key, offset, length)
         if key in self.corrupt_keys and data:
             with self._lock:
@@ -91,7 +94,8 @@ class FaultyStore:
 class ControlledFaults(FaultyStore):
     """A FaultyStore steered from another process through a JSON file, e.g.
     {"outage": true, "hang": true, "hang_ops": ["put"], "fail_rate": 0.2,
-     "latency_s": 0.01, "corrupt_keys": ["data/..."], "refuse_deletes": ["meta/"]}.
+     "latency_s": 0.01, "corrupt_keys": ["data/..."], "refuse_deletes": ["meta/"],
+     "refuse_gets": ["data/..."]}.
     The file is re-read when it changes (also while a call hangs, so clearing
     "hang" releases it); tests of a mounted daemon use it."""
 
@@ -133,3 +137,4 @@ class ControlledFaults(FaultyStore):
             self.latency_s = float(conf.get("latency_s", 0.0))
             self.corrupt_keys = set(conf.get("corrupt_keys", ()))
             self.refuse_deletes = tuple(conf.get("refuse_deletes", ()))
+            self.refuse_gets = tuple(conf.get("refuse_gets", ()))

@@ -7,7 +7,7 @@ packed into a new object under an upload intent, and, in one transaction, every
 extent whose record still points into the old pack moves to the new one (extents
 changed meanwhile are dead bytes in the new pack from the start). That drops the
 old pack's references, so gc deletes it under the usual checkpoint rule. A pack
-with a damaged piece, or missing from the bucket, is left as it is. A crash
+with a damaged piece, missing from the bucket or refused by it, is left as it is. A crash
 before the transaction leaves an intent (its object is deleted at the next mount)
 and the old pack as it was. --compact-rate bounds the bytes rewritten per second.
 """
@@ -96,7 +96,7 @@ class Compactor:
         engine.stats.inc("compaction_runs")
         t0 = time.monotonic()
         try:
-            pieces, missing = await trio.to_thread.run_sync(
+            pieces, missing, unreadable = await trio.to_thread.run_sync(
                 self._read_and_put, picked, new_id, limiter=engine.s3_limiter,
                 abandon_on_cancel=True)
         except trio.Cancelled:
@@ -117,6 +117,10 @@ class Compactor:
                 log.error("compaction: pack %s is missing from the bucket: its %d extents "
                           "read EIO (fsck --repair drops them); it is left as it is",
                           object_name(obj_id), count)
+        for obj_id, e in unreadable.items():
+            log.error("compaction: the bucket refuses to read pack %s (%s): its files read "
+                      "EIO until it is readable again (an archived object must be restored); "
+                      "it is left as it is", object_name(obj_id), e)
         # The rate bound: a pass of n bytes takes at least n / rate seconds.
         await trio.sleep(max(0.0, nbytes / self.rate - (time.monotonic() - t0)))
         return moved
@@ -124,9 +128,10 @@ class Compactor:
     def _read_and_put(self, picked, new_id: int):
         """(worker thread) Read every live piece (verified), put them as one new pack;
         ([(old ref, record read, new offset)] of the pieces it holds, {pack id: live
-        pieces} of the packs missing from the bucket)."""
+        pieces} of the packs missing from the bucket, {pack id: error} of the packs the
+        bucket refuses to read)."""
         cold = self.engine.cold
-        blob, pieces, missing = bytearray(), [], {}
+        blob, pieces, missing, unreadable = bytearray(), [], {}, {}
         for obj_id, live in picked:
             for span in _spans(live):
                 lo = span[0][0].offset
@@ -137,6 +142,13 @@ class Compactor:
                     # Lost (or deleted with its last file meanwhile): the other packs
                     # are compacted all the same, this one is not retried.
                     missing[obj_id] = len(live)
+                    break
+                except ColdStoreError as e:
+                    if e.transient:
+                        raise  # an outage: the whole pass is tried again later
+                    # Refused for this object only (archived, or its key denied): as
+                    # for a lost pack, the others are compacted all the same.
+                    unreadable[obj_id] = e
                     break
                 for ref, ext in span:
                     piece = data[ref.offset - lo:ref.offset - lo + ref.length]
@@ -149,7 +161,7 @@ class Compactor:
                     blob += piece
         if pieces:
             cold.put(object_name(new_id), blob)
-        return pieces, missing
+        return pieces, missing, unreadable
 
     def _commit(self, new_id: int, pieces) -> int:
         """Move the extents that still hold what was read into the new pack, in one
