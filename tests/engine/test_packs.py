@@ -141,6 +141,33 @@ def test_a_pack_cut_short_fails_only_the_files_it_lacks(tmp_path):
     run(body)
 
 
+def test_fsck_names_the_files_of_a_pack_it_cannot_read_and_checks_the_rest(tmp_path):
+    """fsck --verify-data over a bucket that refuses to read one pack (archived by a
+    lifecycle rule: 403 InvalidObjectState). It stopped at that pack with one error
+    line (the CLI's "access denied to bucket: check AWS credentials"), so nothing
+    else was checked or repaired. Each file of the pack is now a finding naming
+    it, and the rest of the check goes on."""
+    from tierfs.meta import schema
+    from tierfs.tier.fsck import Fsck
+
+    async def body():
+        async with _stack(tmp_path) as s:
+            archived_inos, archived = await _packed(s, 2, 1)
+            _inos, other = await _packed(s, 2, 11)
+            s.meta.delete_raw([schema.pack_key(other)])  # a problem fsck must still find
+            s.evict_all()
+            s.faulty.refuse_gets = (object_name(archived),)
+            problems = [f.problem for f in Fsck(s.meta, s.hot, s.cold, E, repair=False,
+                                                verify_data=True).run()]
+            unreadable = [p for p in problems if "cannot be read" in p]
+            assert sorted(unreadable) == sorted(
+                f"inode {ino} extent 0: object {object_name(archived)} cannot be read "
+                f"(get {object_name(archived)} failed: InvalidObjectState (HTTP 403)): "
+                f"its data was not checked" for ino in archived_inos), problems
+            assert any(f"pack {other} has lost its record" in p for p in problems), problems
+    run(body)
+
+
 @pytest.mark.parametrize("lost", ["pack record", "pack record and references"])
 def test_fsck_records_a_pack_that_lost_its_record_again(tmp_path, lost):
     """Files share a pack whose record is gone from the metadata: dropping one of

@@ -12,7 +12,7 @@ import stat
 from dataclasses import dataclass, replace
 
 from ..checksum import object_matches
-from ..errors import ObjectNotFound
+from ..errors import ColdStoreError, ObjectNotFound
 from ..meta import scan
 from ..meta import schema as s
 from ..meta.schema import DIRTY, HOT, ROOT_INO, Ref, object_name
@@ -290,6 +290,14 @@ class Fsck:
             cold_ok = object_matches(data, ext.obj_len, ext.checksum)
         except ObjectNotFound:
             cold_ok = False
+        except ColdStoreError as e:
+            if e.transient:
+                raise  # the bucket is away: nothing more can be checked now
+            # Refused for this object (archived, its key denied): nothing is known
+            # about its data, the rest of the check goes on.
+            self.found(f"inode {ino} extent {idx}: object {object_name(ext.obj_id)} cannot "
+                       f"be read ({e}): its data was not checked")
+            return
         if not cold_ok:
             if hot_ok:
                 self.found(f"inode {ino} extent {idx}: object {ext.obj_id} fails its checksum",
