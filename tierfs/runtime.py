@@ -169,7 +169,8 @@ class Daemon:
                 check_new=self._check_new_hot_tier)
         self.notes += notes
         if self.meta.abandon_intents():
-            log.info("uploads interrupted by the last shutdown were queued for cleanup")
+            log.info("uploads that failed or were interrupted before the last shutdown "
+                     "were queued for cleanup")
         self.hot = HotStore(os.path.join(cfg.cache_dir, "hot"))
         self.engine = Engine(self.meta, self.hot, self.cold, self.sb.extent_size, self.stats,
                              cold_timeout=cfg.cold_timeout, state=self.state)

@@ -183,3 +183,30 @@ def test_objects_gc_cannot_delete_yet_do_not_hide_the_ones_behind_them(tmp_path)
             assert [i for i, _epoch in s.meta.gc_pending()] == held
 
     run(body, timeout=60)
+
+
+def test_an_upload_that_lands_after_it_failed_is_deleted_at_the_next_mount(tmp_path):
+    """A PUT the client gave up on (a read timeout) that the server finishes later
+    leaves an object nothing names. Its intent was closed when the upload failed
+    and gc deleted the object before it landed, so nothing ever deleted it (only
+    an offline fsck found it). The intent now stays until the next mount, which
+    deletes the object again."""
+    async def body():
+        async with engine_stack(tmp_path, extent_size=E, cache_size=16 * E, upload_delay=0,
+                                checkpoint_every=0, retry_timeout=0) as s:
+            s.faulty.puts_land_late = ("data/",)
+            ino = s.create()
+            await s.engine.write(ino, 0, b"x" * E)
+            await until(lambda: s.uploader.failures, what="the upload to fail")
+            s.faulty.puts_land_late = ()
+            await settle(s)  # uploaded again, as another object
+            await until(lambda: not s.meta.gc_pending(), what="gc to delete the failed one")
+            (late,) = s.faulty.land_late()
+            assert late != object_name(s.record(ino, 0).obj_id)
+            assert late in s.memory.list("data/")
+            s.meta.abandon_intents()  # what the next mount does first (Daemon.prepare)
+            await until(lambda: late not in s.memory.list("data/"),
+                        what="gc to delete the object that landed late")
+            assert s.memory.list("data/") == [object_name(s.record(ino, 0).obj_id)]
+
+    run(body)

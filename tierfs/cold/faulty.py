@@ -22,6 +22,10 @@ class FaultyStore:
         self.corrupt_keys: set[str] = set()  # get() on these flips one byte
         self.refuse_deletes: tuple[str, ...] = ()  # delete() of keys with these prefixes fails
         self.refuse_gets: tuple[str, ...] = ()  # get() of these fails (an archived object)
+        # put() of these fails as a client timeout does, and lands when land_late() says
+        # (the server finished it after the client gave up)
+        self.puts_land_late: tuple[str, ...] = ()
+        self._late: list[tuple[str, bytes]] = []
         self.calls: dict[str, int] = {}
         self._rng = random.Random(seed)
         self._lock = threading.Lock()  # Random and the counters are shared by threads
@@ -46,7 +50,19 @@ class FaultyStore:
 
     def put(self, key: str, data: bytes) -> None:
         self._enter("put")
+        if key.startswith(self.puts_land_late):
+            with self._lock:
+                self._late.append((key, bytes(data)))
+            raise ColdStoreError(f"put {key} failed: read timeout", transient=True)
         self.inner.put(key, data)
+
+    def land_late(self) -> list[str]:
+        """The PUTs held back by puts_land_late land now; their keys."""
+        with self._lock:
+            late, self._late = self._late, []
+        for key, data in late:
+            self.inner.put(key, data)
+        return [key for key, _data in late]
 
     def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
         self._enter("get")

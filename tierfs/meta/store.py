@@ -830,13 +830,16 @@ class MetaStore:
     def update(self, inode: Inode | None, extents: dict[tuple[int, int], Extent | None] = {},
                gc_objects: Iterable[tuple[int, int, int]] = (), uploaded: Iterable[int] = (),
                unreferenced: Iterable[int] = (),
-               packs: dict[int, tuple[int, list[Ref]]] | None = None) -> None:
+               packs: dict[int, tuple[int, list[Ref]]] | None = None,
+               failed: Iterable[int] = ()) -> None:
         """In one transaction: write an inode and extent records (None deletes), drop
         the references extents no longer hold (their (id, offset, length): objects
         and packs without references go to gc), record new packs (id -> (size, the
         references its extents hold)), close the upload intents of objects now
         referenced (`uploaded`), and of objects nothing ever referenced
-        (`unreferenced`: a failed or superseded upload, deleted at once)."""
+        (`unreferenced`: a superseded upload, deleted at once). Objects whose PUT
+        failed (`failed`) are deleted at once too, but keep their intent, so the
+        next mount deletes them again: a PUT the client gave up on may still land."""
         with self._write() as txn:
             for obj_id, (total, refs) in (packs or {}).items():
                 txn.put(s.pack_key(obj_id), Pack(total, sum(r.length for r in refs)).encode())
@@ -853,6 +856,8 @@ class MetaStore:
                     self._fresh.add(obj)
             for obj in unreferenced:
                 txn.delete(s.intent_key(obj))
+                self._drop_object(txn, obj, referenced=False)
+            for obj in failed:
                 self._drop_object(txn, obj, referenced=False)
 
     def _put_extents(self, txn, extents: dict[tuple[int, int], Extent | None]) -> None:

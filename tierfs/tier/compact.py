@@ -102,7 +102,7 @@ class Compactor:
         except trio.Cancelled:
             raise
         except BaseException as e:
-            engine.meta.update(None, {}, unreferenced=[new_id])
+            engine.meta.update(None, {}, failed=[new_id])  # its PUT may land yet
             if isinstance(e, ColdStoreError):
                 self.failures.failed(e)
                 return 0

@@ -308,8 +308,9 @@ class Uploader:
         except trio.Cancelled:
             raise
         except BaseException:
-            # It may exist in the bucket; nothing references it: gc deletes it now.
-            engine.meta.update(None, {}, unreferenced=[obj_id])
+            # It may exist in the bucket, or land there later (a PUT the client gave
+            # up on): nothing references it, gc deletes it now and the next mount again.
+            engine.meta.update(None, {}, failed=[obj_id])
             raise
         engine.stats.inc("uploads")
         engine.stats.inc("upload_bytes", nbytes)
