@@ -437,3 +437,25 @@ def test_bytes_a_writer_puts_past_its_extent_are_dropped_at_close(pub):
     assert "wrote 11 bytes past the extent's end" in m.log()
     assert counters(m)["direct_write_files"] == 1
     m.cli("sync", m.mountpoint, "--wait", "--timeout", "60", check=True)
+
+
+def test_bytes_written_after_the_last_fsync_never_surface_after_a_kill(pub):
+    """The daemon killed after a writer's fsync: what the writer put in its extent
+    files since then lies past the recorded end of the file. It must not come back
+    as the file's bytes when the file is extended later (a hole reads as zeros)."""
+    m = pub()
+    p = m.path("ckpt")
+    synced, later = pattern(100, 11), pattern(E, 12)
+    f = tierfs.open(p, "wb", buffering=0)
+    f.write(synced)
+    os.fsync(f.fileno())
+    f.write(later)  # the rest of extent 0 (released when the writer moves on) and
+    m.kill9()       # the start of extent 1 (held when the daemon dies)
+    with pytest.raises(OSError):
+        f.close()
+    m.start()  # removes the killed daemon's mount
+    size = os.stat(p).st_size
+    assert len(synced) <= size <= E
+    os.truncate(p, 2 * E)
+    assert read_file(p) == (synced + later)[:size] + bytes(2 * E - size)
+    m.cli("sync", m.mountpoint, "--wait", "--timeout", "60", check=True)

@@ -146,10 +146,29 @@ class Engine:
         problems = []
         on_disk = {(ino, idx): (size, mtime) for ino, idx, size, mtime in self.hot.scan()}
         fixes: dict[Key, Extent | None] = {}
+        past_end: dict[Key, None] = {}
+        gc = []
+        file_sizes: dict[int, int | None] = {}  # of the inodes with dirty extents
         now_mono, now_wall = time.monotonic(), time.time()
         for ino, idx, ext in scan.extents(self.meta):
             key = (ino, idx)
             size, mtime = on_disk.pop(key, (None, 0.0))
+            if ext.hot and ext.dirty:
+                room = self._room_in_file(ino, idx, file_sizes)
+                if room is not None and room <= 0:
+                    # Held by a direct writer when the last daemon died, past the end
+                    # its last fsync recorded: never the file's, dropped.
+                    if size is not None:
+                        self.hot.remove(ino, idx)
+                    past_end[key] = None
+                    if ext.obj_id:
+                        gc.append(ext.ref)
+                    continue
+                if room is not None and size is not None and size > room:
+                    # Bytes past the file's end (written, never recorded): a later
+                    # extension of the file must read zeros there, not them.
+                    self.hot.truncate(ino, idx, room)
+                    size = room
             if ext.hot and size is None:
                 if ext.dirty:
                     # Keep the record: reads of it fail with EIO instead of zeros. And
@@ -178,7 +197,20 @@ class Engine:
                      "shutdown)", len(on_disk))
         for (ino, idx), ext in fixes.items():
             self.meta.update(None, {(ino, idx): ext})
+        if past_end:
+            self.meta.update(None, past_end, gc)
         return problems
+
+    def _room_in_file(self, ino: int, idx: int, file_sizes: dict) -> int | None:
+        """Bytes of extent `idx` that lie within its file's size (<= 0: it lies past
+        the end); None if the inode is gone. `file_sizes` keeps the sizes read."""
+        if ino not in file_sizes:
+            try:
+                file_sizes[ino] = self.meta.get_inode(ino).size
+            except FsError:
+                file_sizes[ino] = None
+        size = file_sizes[ino]
+        return None if size is None else min(self.E, size - idx * self.E)
 
     # ---- reads --------------------------------------------------------------------
     async def read(self, ino: int, off: int, size: int):
