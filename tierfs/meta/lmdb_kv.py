@@ -41,6 +41,7 @@ class LmdbKV:
         self.map_size = self.env.info()["map_size"]
         self.max_map_size = max(max_map_size, self.map_size)
         self.thread_readers = 0  # read transactions in worker threads: the map must not move
+        self._disk_full_logged = -1e9  # monotonic time of the last "cache disk is full"
         # read() and write() as the environment's own calls: the store's hot path.
         self.read = functools.partial(self.env.begin, buffers=False)
         self.peek = self.read  # one transaction is as cheap as single reads here
@@ -55,15 +56,29 @@ class LmdbKV:
         grow (at its limit, or a worker thread is reading: reading_in_thread() made
         room before it began), the caller gets ENOSPC."""
         try:
-            return fn(*args, **kwargs)
-        except lmdb.MapFullError:
-            if self.grow():
-                try:
-                    return fn(*args, **kwargs)
-                except lmdb.MapFullError:
-                    pass
+            try:
+                return fn(*args, **kwargs)
+            except lmdb.MapFullError:
+                if self.grow():
+                    try:
+                        return fn(*args, **kwargs)
+                    except lmdb.MapFullError:
+                        pass
+        except lmdb.DiskError:
+            # The disk under the cache dir is full (the commit wrote nothing): a full
+            # disk, not a broken database, so ENOSPC as for a full map.
+            self._disk_full()
+            raise FsError(errno.ENOSPC, "the cache disk is full") from None
         log.error("metadata database is full (%d bytes): returning ENOSPC", self.map_size)
         raise FsError(errno.ENOSPC)
+
+    def _disk_full(self) -> None:
+        """Say so once a minute, however many requests fail meanwhile."""
+        now = time.monotonic()
+        if now - self._disk_full_logged > 60:
+            self._disk_full_logged = now
+            log.error("cache disk is full: the metadata database in %s cannot grow, "
+                      "returning ENOSPC: free space on that disk", self.path)
 
     def scan(self, txn, start: bytes, end: bytes,
              values: bool = True) -> Iterator[tuple[bytes, bytes | None]]:
