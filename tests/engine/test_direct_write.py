@@ -199,3 +199,25 @@ def test_an_upload_waiting_for_a_slot_skips_an_extent_taken_meanwhile(tmp_path):
             assert await _read(s, ino, 0, E, "from the bucket") == B
 
     run(scenario)
+
+
+def test_a_hot_file_deleted_behind_the_engine_is_fetched_before_a_hold(tmp_path):
+    """Someone deleted a clean hot extent file in the cache dir. A direct writer that
+    changes part of the extent must write into the extent's bytes, fetched from the
+    bucket first, not into a new empty file (zeros uploaded over the good object)."""
+    async def scenario():
+        async with _stack(tmp_path) as s:
+            writes = DirectWrites(s.engine)
+            ino = s.create()
+            await s.engine.write(ino, 0, A)
+            await settle(s)
+            s.hot._forget_fd(ino, 0)
+            os.unlink(s.hot.path(ino, 0))
+            (idx, fd), = await writes.hold(ino, 0, 0, os.O_WRONLY)
+            _write(fd, b"new", 10)
+            os.close(fd)
+            writes.release(ino, [idx])
+            await _cold(s, ino)
+            assert await _read(s, ino, 0, E, "from the bucket") == A[:10] + b"new" + A[13:]
+
+    run(scenario)

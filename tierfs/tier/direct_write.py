@@ -54,7 +54,9 @@ class DirectWrites:
                         ext = exts.get(idx)
                         # Only the first extent ever waits: nothing is granted (and
                         # nothing uncommitted in `records`) across an await.
-                        if ext is not None and engine.needs_ready(ino, idx, ext):
+                        # A copy whose file vanished (a cleaner in the cache dir) is
+                        # fetched too: a new empty file would upload zeros over it.
+                        if ext is not None and engine.needs_ensure_hot(ino, idx, ext):
                             if granted:
                                 return granted  # the next request gets it
                             await engine.ensure_hot(ino, idx)

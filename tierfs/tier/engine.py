@@ -861,7 +861,7 @@ class Engine:
                 return
             await self.verify_hot_copy(ino, idx)  # a damaged copy is dropped: fetch it
 
-    def _before_change(self, ino: int, idx: int, ext: Extent) -> bool:
+    def needs_ensure_hot(self, ino: int, idx: int, ext: Extent) -> bool:
         """Whether an extent needs ensure_hot() before part of it changes in place."""
         return self.needs_ready(ino, idx, ext) or self._copy_lost(ino, idx, ext)
 
@@ -957,7 +957,7 @@ class Engine:
         first, last = off // E, (end - 1) // E
         while True:
             node, exts = self.meta.get_extents(ino, first, last)
-            cold = [i for i, x in exts.items() if self._before_change(ino, i, x)
+            cold = [i for i, x in exts.items() if self.needs_ensure_hot(ino, i, x)
                     and not (off <= i * E and end >= i * E + x.length)]
             if cold:
                 for idx in cold:
@@ -989,7 +989,7 @@ class Engine:
             node, exts = self.meta.get_extents(ino, cut_idx, (1 << 64) - 1)
             ext = exts.get(cut_idx)
             if (new_size < node.size and new_size % E and ext is not None
-                    and self._before_change(ino, cut_idx, ext)):
+                    and self.needs_ensure_hot(ino, cut_idx, ext)):
                 await self.ensure_hot(ino, cut_idx)  # cut it in place on the hot tier
                 continue
             break
