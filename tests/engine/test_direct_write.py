@@ -221,3 +221,33 @@ def test_a_hot_file_deleted_behind_the_engine_is_fetched_before_a_hold(tmp_path)
             assert await _read(s, ino, 0, E, "from the bucket") == A[:10] + b"new" + A[13:]
 
     run(scenario)
+
+
+def test_a_hold_whose_records_cannot_be_committed_leaves_nothing_held(tmp_path, monkeypatch):
+    """The metadata database refuses the hold's records (full: ENOSPC). The writer gets
+    the error; no extent stays held (held ones never upload, and `sync --wait` would
+    wait for them) and no descriptor is left open."""
+    async def scenario():
+        async with _stack(tmp_path) as s:
+            writes = DirectWrites(s.engine)
+            ino = s.create()
+            update = s.meta.update
+
+            def full(inode, extents={}, *args, **kwargs):
+                if any(key[0] == ino for key in extents):
+                    raise FsError(errno.ENOSPC, "metadata database is full")
+                return update(inode, extents, *args, **kwargs)
+
+            monkeypatch.setattr(s.meta, "update", full)
+            fds_before = len(os.listdir("/proc/self/fd"))
+            with pytest.raises(FsError) as err:
+                await writes.hold(ino, 0, 3, os.O_WRONLY)
+            assert err.value.errno == errno.ENOSPC
+            assert not s.engine.index.held
+            assert len(os.listdir("/proc/self/fd")) == fds_before
+            monkeypatch.setattr(s.meta, "update", update)
+            await s.engine.write(ino, 0, A)  # the file works as before
+            await settle(s)
+            assert await _read(s, ino, 0, E, "after the refused hold") == A
+
+    run(scenario)

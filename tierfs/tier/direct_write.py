@@ -39,63 +39,72 @@ class DirectWrites:
         (clean extents may be evicted for them).
         Cold extents are fetched first, and copies found at mount checked: the
         writer may change part of them."""
-        engine = self.engine
-        E = engine.E
         granted: list[tuple[int, int]] = []
         records: dict = {}  # HOT|DIRTY for the extents granted, in one transaction
         try:
-            for idx in range(first, last + 1):
-                key = (ino, idx)
-                engine.busy.add(key)
-                try:
-                    while True:
-                        engine.state.check_writable()
-                        _node, exts = engine.meta.get_extents(ino, idx, idx)
-                        ext = exts.get(idx)
-                        # Only the first extent ever waits: nothing is granted (and
-                        # nothing uncommitted in `records`) across an await.
-                        # A copy whose file vanished (a cleaner in the cache dir) is
-                        # fetched too: a new empty file would upload zeros over it.
-                        if ext is not None and engine.needs_ensure_hot(ino, idx, ext):
-                            if granted:
-                                return granted  # the next request gets it
-                            await engine.ensure_hot(ino, idx)
-                            continue
-                        growth = 0 if key in self.index.held else \
-                            max(0, E - self.index.sizes.get(key, 0))
-                        space = engine.space
-                        if growth and space is not None and space.needs_room(growth):
-                            if not granted:
-                                await space.reserve(growth)  # waits as a write would
-                                continue
-                            if not space.room_now(growth):
-                                return granted
-                        break
-                    fd = engine.hot.open_private(ino, idx, flags | os.O_CREAT)
-                    try:
-                        size = os.fstat(fd).st_size
-                    except BaseException:
-                        os.close(fd)
-                        raise
-                    if ext is None or not ext.dirty:
-                        records[key] = Extent(flags=HOT | DIRTY) if ext is None else \
-                            replace(ext, flags=ext.flags | HOT | DIRTY)
-                    self.index.written(key, size)  # dirty, a new generation
-                    self.index.grow(key, E)        # the writer may fill it
-                    self.index.held[key] = self.index.held.get(key, 0) + 1
-                    granted.append((idx, fd))
-                finally:
-                    engine.busy.discard(key)
-        except BaseException:
-            if granted:
-                self._commit(records)
-                self.release(ino, [i for i, _fd in granted])
-                for _i, fd in granted:
-                    os.close(fd)
-            raise
-        finally:
+            await self._take(ino, first, last, flags, granted, records)
             self._commit(records)
+        except BaseException:
+            # Nothing granted may stay held (a held extent never uploads), also when
+            # the commit of their records is what failed (a full metadata database).
+            for _i, fd in granted:
+                os.close(fd)
+            if granted:
+                try:
+                    self._commit(records)
+                finally:
+                    self.release(ino, [i for i, _fd in granted])
+            raise
         return granted
+
+    async def _take(self, ino: int, first: int, last: int, flags: int, granted: list,
+                    records: dict) -> None:
+        """hold()'s part: append (index, descriptor) to `granted` and the records to
+        commit to `records`, for as many extents as hold() grants."""
+        engine = self.engine
+        E = engine.E
+        for idx in range(first, last + 1):
+            key = (ino, idx)
+            engine.busy.add(key)
+            try:
+                while True:
+                    engine.state.check_writable()
+                    _node, exts = engine.meta.get_extents(ino, idx, idx)
+                    ext = exts.get(idx)
+                    # Only the first extent ever waits: nothing is granted (and
+                    # nothing uncommitted in `records`) across an await.
+                    # A copy whose file vanished (a cleaner in the cache dir) is
+                    # fetched too: a new empty file would upload zeros over it.
+                    if ext is not None and engine.needs_ensure_hot(ino, idx, ext):
+                        if granted:
+                            return  # the next request gets it
+                        await engine.ensure_hot(ino, idx)
+                        continue
+                    growth = 0 if key in self.index.held else \
+                        max(0, E - self.index.sizes.get(key, 0))
+                    space = engine.space
+                    if growth and space is not None and space.needs_room(growth):
+                        if not granted:
+                            await space.reserve(growth)  # waits as a write would
+                            continue
+                        if not space.room_now(growth):
+                            return
+                    break
+                fd = engine.hot.open_private(ino, idx, flags | os.O_CREAT)
+                try:
+                    size = os.fstat(fd).st_size
+                except BaseException:
+                    os.close(fd)
+                    raise
+                if ext is None or not ext.dirty:
+                    records[key] = Extent(flags=HOT | DIRTY) if ext is None else \
+                        replace(ext, flags=ext.flags | HOT | DIRTY)
+                self.index.written(key, size)  # dirty, a new generation
+                self.index.grow(key, E)        # the writer may fill it
+                self.index.held[key] = self.index.held.get(key, 0) + 1
+                granted.append((idx, fd))
+            finally:
+                engine.busy.discard(key)
 
     def _commit(self, records: dict) -> None:
         if records:
