@@ -459,3 +459,26 @@ def test_bytes_written_after_the_last_fsync_never_surface_after_a_kill(pub):
     os.truncate(p, 2 * E)
     assert read_file(p) == (synced + later)[:size] + bytes(2 * E - size)
     m.cli("sync", m.mountpoint, "--wait", "--timeout", "60", check=True)
+
+
+@pytest.mark.parametrize("how", ["ftruncate", "o_trunc"])
+def test_a_truncate_through_the_mount_cuts_what_a_writer_wrote(pub, how):
+    """What a direct writer has written is the file's, as on a local disk: a truncate
+    through the mount (ftruncate of fileno(), or an open with O_TRUNC) cuts it, also
+    where the writer has not released it yet; its later writes land after the cut."""
+    m = pub()
+    p = m.path("ckpt")
+    data = pattern(2 * E + 5 if how == "ftruncate" else 100, 13)
+    with tierfs.open(p, "wb") as f:
+        f.write(data)
+        f.flush()
+        if how == "ftruncate":
+            os.ftruncate(f.fileno(), E + 7)
+            want = data[:E + 7]
+        else:
+            os.close(os.open(p, os.O_WRONLY | os.O_TRUNC))
+            want = b""
+        f.seek(len(want))
+        f.write(b"tail")
+    assert os.stat(p).st_size == len(want) + 4
+    assert read_file(p) == want + b"tail"

@@ -215,6 +215,7 @@ class Operations(pyfuse3.Operations):
     async def setattr(self, inode, attr, fields, fh, ctx):
         self.state.check_writable()
         if fields.update_size:
+            self._settle_direct_writes(inode)
             node = self.meta.get_inode(inode)
             if stat.S_ISDIR(node.mode):
                 raise FsError(errno.EISDIR)
@@ -228,6 +229,12 @@ class Operations(pyfuse3.Operations):
         attr_change(attr, fields, ctx.uid, time.time_ns())(node)
         self.meta.put_inode(node)
         return self._entry(node)
+
+    def _settle_direct_writes(self, inode: int) -> None:
+        """What direct writers wrote so far is the file's, as a write() is: a truncate
+        compares with, and cuts, a size that includes it."""
+        if self.engine.index.held:
+            self.engine.settle_held(inode)
 
     @_guard
     async def readlink(self, inode, ctx):
@@ -287,6 +294,7 @@ class Operations(pyfuse3.Operations):
         if flags & os.O_ACCMODE != os.O_RDONLY:
             self.state.check_writable()  # as on a read-only mount: refused at open
         if flags & os.O_TRUNC:
+            self._settle_direct_writes(inode)
             node = self.meta.get_inode(inode)
             # The kernel leaves O_TRUNC to us (atomic_o_trunc), so do what a
             # truncate() through setattr does: new mtime/ctime even if the file
