@@ -329,6 +329,7 @@ async def engine_stack(tmp_path, *, extent_size: int, cache_size: int, upload_de
                 # Held or failing store calls would keep worker threads (which trio
                 # cannot cancel) and so the nursery alive.
                 faulty.outage, faulty.fail_rate, faulty.latency_s = False, 0.0, 0.0
+                faulty.denied = False
                 gate.release_all()
                 nursery.cancel_scope.cancel()
     finally:

@@ -210,3 +210,27 @@ def test_an_upload_that_lands_after_it_failed_is_deleted_at_the_next_mount(tmp_p
             assert s.memory.list("data/") == [object_name(s.record(ino, 0).obj_id)]
 
     run(body)
+
+
+def test_a_sync_waiting_on_a_bucket_that_refuses_backs_off_between_tries(tmp_path):
+    """A `sync --wait` (or an unmount's last upload) while the bucket refuses every
+    PUT for good (expired credentials: not retried): the uploader still waits its
+    backoff between tries. Before, the waiting flush cleared the backoff after every
+    failed upload, and the uploader tried again at once: thousands of PUTs a second
+    and a busy trio thread for as long as the sync waited (for ever without
+    --timeout)."""
+    async def scenario():
+        async with engine_stack(tmp_path, extent_size=E, cache_size=8 * E, upload_delay=0,
+                                checkpoint_every=0, allowed_errors=("access denied",)) as s:
+            s.faulty.denied = True
+            ino = s.create()
+            await s.engine.write(ino, 0, b"x" * E)
+            with trio.move_on_after(1.5):  # the backoff is 1 s after the first failure
+                await s.uploader.flush({ino})
+            puts = s.faulty.calls.get("put", 0)
+            assert 1 <= puts <= 4, f"{puts} PUTs to a refusing bucket in 1.5 s"
+            assert s.engine.index.has_dirty(ino)
+            s.faulty.denied = False
+            await s.uploader.flush({ino})  # and it uploads once the bucket allows it
+
+    run(scenario)

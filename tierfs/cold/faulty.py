@@ -5,7 +5,7 @@ import random
 import threading
 import time
 
-from tierfs.errors import ColdStoreError
+from tierfs.errors import ColdConfigError, ColdStoreError
 
 
 class FaultyStore:
@@ -15,6 +15,7 @@ class FaultyStore:
         self.inner = inner
         self.fail_rate = 0.0  # probability that a call raises a transient error
         self.outage = False  # every call fails while True (a bucket refusing connections)
+        self.denied = False  # every call fails, never retried (credentials expired)
         self.hang = False  # every call blocks while True (accepts, never answers), at most
         self.hang_limit_s = 600.0  # this long: a thread must end some day
         self.hang_ops: set[str] = set()  # hang only these calls ("put", ...); empty: all
@@ -42,6 +43,8 @@ class FaultyStore:
             time.sleep(0.05)
         if self.outage:
             raise ColdStoreError("injected outage", transient=True)
+        if self.denied:
+            raise ColdConfigError("injected access denied: check AWS credentials")
         if fail:
             raise ColdStoreError(f"injected failure in {op}", transient=True)
 
@@ -109,7 +112,7 @@ class FaultyStore:
 
 class ControlledFaults(FaultyStore):
     """A FaultyStore steered from another process through a JSON file, e.g.
-    {"outage": true, "hang": true, "hang_ops": ["put"], "fail_rate": 0.2,
+    {"outage": true, "denied": true, "hang": true, "hang_ops": ["put"], "fail_rate": 0.2,
      "latency_s": 0.01, "corrupt_keys": ["data/..."], "refuse_deletes": ["meta/"],
      "refuse_gets": ["data/..."]}.
     The file is re-read when it changes (also while a call hangs, so clearing
@@ -147,6 +150,7 @@ class ControlledFaults(FaultyStore):
                     return
             self._mtime = mtime
             self.outage = bool(conf.get("outage", False))
+            self.denied = bool(conf.get("denied", False))
             self.hang = bool(conf.get("hang", False))
             self.hang_ops = set(conf.get("hang_ops", ()))
             self.fail_rate = float(conf.get("fail_rate", 0.0))

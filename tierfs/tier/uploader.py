@@ -457,6 +457,10 @@ class Uploader:
         HotFilesLost once only extents whose hot file was deleted are left."""
         index = self.engine.index
         waiting = None if inos is None else {ino for ino in inos if index.has_dirty(ino)}
+        # Try at once, once: cleared after every failed try, the backoff would never
+        # hold, and a bucket that refuses would be asked again and again at full speed.
+        if self.failures:
+            self.backoff_until = 0.0
         while index.dirty if waiting is None else waiting:
             if self._only_lost_left(waiting):
                 lost = self.lost_now()
@@ -469,8 +473,6 @@ class Uploader:
             else:  # again for those dirty anew since their last extent went up
                 for ino in waiting - index.rush:
                     index.rush_inode(ino)
-            if self.failures:
-                self.backoff_until = 0.0
             if self.paused():
                 raise Fenced("taken over: nothing more uploads from this node")
             self.kick()
