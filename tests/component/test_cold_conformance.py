@@ -354,11 +354,12 @@ def test_s3_unreachable_endpoint(aws_env):
 
 
 @contextlib.contextmanager
-def trickling_proxy(upstream: str, chunk: int = 64, pause: float = 0.05):
+def trickling_proxy(upstream: str, chunk: int = 64, pause: float = 0.05,
+                    headers: bool = False):
     """A TCP proxy to `upstream` (http://HOST:PORT) passing requests and the answers'
     headers through, then each body `chunk` bytes every `pause` seconds: a server or a
-    network that trickles, never silent long enough for a socket timeout. Yields its
-    endpoint URL."""
+    network that trickles, never silent long enough for a socket timeout. `headers`:
+    the headers trickle too. Yields its endpoint URL."""
     host, port = upstream.rsplit("//", 1)[1].split(":")
     listener = socket.create_server(("127.0.0.1", 0))
     stop = threading.Event()
@@ -371,7 +372,7 @@ def trickling_proxy(upstream: str, chunk: int = 64, pause: float = 0.05):
                 data = src.recv(65536)
                 if not data:
                     break
-                if trickle and head is not None:  # the headers go through at once
+                if trickle and head is not None and not headers:  # headers at once
                     head += data
                     if b"\r\n\r\n" not in head:
                         continue
@@ -428,6 +429,27 @@ def test_s3_get_of_a_trickling_body_is_bounded(moto_endpoint, bucket):
         with pytest.raises(ColdStoreError) as e:
             s3.get(KEY)
     assert e.value.transient and "--cold-timeout" in str(e.value)
+
+
+@pytest.mark.parametrize("op", ["put", "size", "list", "delete"])
+def test_s3_request_whose_answer_trickles_is_bounded(moto_endpoint, bucket, op):
+    """An answer that trickles in from its first byte (its status line and headers),
+    each byte within the socket's read timeout: the request fails once it has run for
+    --cold-timeout (plus time for the bytes it sends), transient (retried), naming the
+    setting. Before, only a GET's body was bounded: any other request, or a GET whose
+    headers trickled, held its worker thread and its S3 slot as long as the server
+    went on, so that uploads and cold reads queued behind it."""
+    from tierfs.cold.s3 import S3Store
+
+    S3Store(bucket, endpoint=moto_endpoint).put(KEY, b"x")
+    with trickling_proxy(moto_endpoint, chunk=4, headers=True) as endpoint:
+        s3 = S3Store(bucket, endpoint=endpoint, read_timeout=5, get_timeout=0.5)
+        calls = {"put": lambda: s3.put(KEY, b"y"), "size": lambda: s3.size(KEY),
+                 "list": lambda: s3.list(), "delete": lambda: s3.delete(KEY)}
+        with pytest.raises(ColdStoreError) as e:
+            calls[op]()
+    assert e.value.transient and "--cold-timeout" in str(e.value), e.value
+    assert "\n" not in str(e.value)
 
 
 def test_s3_no_credentials(moto_endpoint, aws_env, monkeypatch):

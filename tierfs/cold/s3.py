@@ -5,18 +5,27 @@ and works without them when no S3 store is used.
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import socket
+import threading
 import time
 
 import boto3
+import botocore
 import botocore.exceptions as bce
 import urllib3.exceptions
+from botocore.awsrequest import (AWSHTTPConnection, AWSHTTPConnectionPool, AWSHTTPSConnection,
+                                 AWSHTTPSConnectionPool)
 from botocore.config import Config
 
 from tierfs.cold import check_s3_environment
 from tierfs.cold.base import PROBE_KEY, check_range
 from tierfs.errors import (ColdConfigError, ColdStoreError, ConditionalWritesUnsupported,
                            ObjectNotFound, PreconditionFailed)
+
+log = logging.getLogger(__name__)
 
 _NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
 # A conditional write lost: the object changed, or another conditional write of it was
@@ -34,6 +43,125 @@ _TRANSIENT = {
 # socket's read timeout bounds each wait for bytes, never a body that trickles in.
 MIN_GET_RATE = 1 << 20  # bytes per second
 GET_PIECE = 1 << 20  # read at most this at a time: below the daemon's mmap threshold
+CUT_RETRY_S = 0.05  # how often the watchdog looks again at an overdue request still connecting
+
+
+class _Request:
+    """The bound on the requests of one store call (in one thread)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.deadline = float("inf")  # of the request being sent
+        self.conn = None  # its connection
+        self.expired = False
+
+
+class _Watchdog:
+    """Ends each HTTP request that runs past its bound. The socket timeout bounds
+    each wait for bytes, never an answer that trickles in a byte at a time (its
+    headers too): such a request would hold its worker thread and its S3 slot as long
+    as the server goes on. One thread for all stores shuts the socket of an overdue
+    request down, which fails the request at once (the connection is then dropped)."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._calls: dict[int, _Request] = {}  # thread id -> its bounded call
+        self._thread = None
+
+    @contextlib.contextmanager
+    def bound(self, seconds: float):
+        """Bound each request the calling thread sends inside this block to
+        `seconds` from its start; yields the _Request, whose `expired` says whether
+        the watchdog ended one."""
+        me, call = threading.get_ident(), _Request(seconds)
+        with self._cond:
+            self._calls[me] = call
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._watch, name="s3-deadlines",
+                                                daemon=True)
+                self._thread.start()
+        try:
+            yield call
+        finally:
+            with self._cond:
+                del self._calls[me]
+
+    def sending(self, conn) -> None:
+        """A connection starts a request in this thread: its bound starts now."""
+        with self._cond:
+            call = self._calls.get(threading.get_ident())
+            for other in self._calls.values():
+                if other.conn is conn:  # back in the pool, taken by another call
+                    other.conn = None
+            if call is None:
+                return
+            call.conn, call.deadline = conn, time.monotonic() + call.seconds
+            self._cond.notify()
+
+    def _watch(self) -> None:
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                for call in self._calls.values():
+                    if call.conn is not None and call.deadline <= now:
+                        call.expired = True
+                        if _cut(call.conn):
+                            call.conn = None
+                        else:  # still connecting: cut it once it has a socket
+                            call.deadline = now + CUT_RETRY_S
+                wake = min((c.deadline for c in self._calls.values() if c.conn is not None),
+                           default=None)
+                self._cond.wait(None if wake is None else wake - now)
+
+
+def _cut(conn) -> bool:
+    """Shut the connection's socket down, failing the request on it; False if it
+    has no socket yet."""
+    sock = getattr(conn, "sock", None)
+    if sock is None:
+        return False
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    return True
+
+
+_WATCHDOG = _Watchdog()
+
+
+class _Watched:
+    def request(self, *args, **kwargs):
+        _WATCHDOG.sending(self)
+        return super().request(*args, **kwargs)
+
+
+class _HTTPConnection(_Watched, AWSHTTPConnection):
+    pass
+
+
+class _HTTPSConnection(_Watched, AWSHTTPSConnection):
+    pass
+
+
+class _HTTPPool(AWSHTTPConnectionPool):
+    ConnectionCls = _HTTPConnection
+
+
+class _HTTPSPool(AWSHTTPSConnectionPool):
+    ConnectionCls = _HTTPSConnection
+
+
+def _watch_requests(client) -> None:
+    """Make the client's connections tell the watchdog of each request they send.
+    botocore offers no hook for this: its pool classes are swapped, where they are
+    where this botocore keeps them (shared by its proxy managers)."""
+    http = getattr(getattr(client, "_endpoint", None), "http_session", None)
+    pools = getattr(http, "_pool_classes_by_scheme", None)
+    if not isinstance(pools, dict) or set(pools) != {"http", "https"}:
+        log.warning("botocore %s keeps its connection pools elsewhere: only each wait "
+                    "for bytes of an S3 request is bounded, not the whole request",
+                    botocore.__version__)
+        return
+    pools["http"], pools["https"] = _HTTPPool, _HTTPSPool
 
 
 def _config_error(e: Exception) -> ColdConfigError:
@@ -102,6 +230,7 @@ class S3Store:
             )
         except (ValueError, bce.BotoCoreError) as e:
             raise _config_error(e) from None
+        _watch_requests(self._client)
         self.endpoint = self._client.meta.endpoint_url
 
     # -- helpers ---------------------------------------------------------
@@ -134,6 +263,30 @@ class S3Store:
                 return ColdStoreError(f"{what} failed: {code} (HTTP {status})", transient=True)
             return ColdStoreError(f"{what} failed: {code} (HTTP {status})")
         return ColdStoreError(f"{what} failed: {e}")
+
+    @contextlib.contextmanager
+    def _bounded(self, op: str, key: str | None, nbytes: int = 0):
+        """Bound each request sent inside the block to --cold-timeout plus
+        MIN_GET_RATE's time for the `nbytes` it sends; one that runs past that fails,
+        transient (a GET's body has its own bound: _read_body)."""
+        seconds = self.get_timeout + nbytes / MIN_GET_RATE
+        cause = None
+        with _WATCHDOG.bound(seconds) as call:
+            try:
+                yield
+            except (bce.BotoCoreError, bce.ClientError) as e:
+                if not call.expired:
+                    raise
+                cause = e
+        # Also when botocore took what came before the cut for a whole answer (headers
+        # end at the end of the stream): it cannot be trusted.
+        if call.expired:
+            what = f"s3://{self.bucket}/{self._key(key)}" if key is not None \
+                else self.describe()
+            raise ColdStoreError(
+                f"{op} {what} failed: no answer within {seconds:g}s: the bucket or the "
+                f"network is too slow (raise --cold-timeout if it is expected)",
+                transient=True) from cause
 
     def _read_body(self, resp, key: str, started: float) -> bytes | bytearray:
         """A GET's whole body (a bytearray where read in pieces), or a transient error
@@ -182,7 +335,8 @@ class S3Store:
         try:
             # A single PutObject is atomic: readers see old or new, never part.
             body = data if isinstance(data, (bytes, bytearray)) else bytes(data)  # no copy of a pack
-            self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=body)
+            with self._bounded("put", key, len(body)):
+                self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=body)
         except (bce.BotoCoreError, bce.ClientError) as e:
             raise self._error(e, "put", key) from e
 
@@ -198,7 +352,8 @@ class S3Store:
             args["Range"] = f"bytes={offset}-{last}"
         try:
             started = time.monotonic()
-            resp = self._client.get_object(**args)
+            with self._bounded("get", key):
+                resp = self._client.get_object(**args)
             # Read inside the try: a dropped connection surfaces while streaming.
             return self._read_body(resp, key, started)
         except bce.ClientError as e:
@@ -211,7 +366,8 @@ class S3Store:
     def get_versioned(self, key: str) -> tuple[bytes, str]:
         try:
             started = time.monotonic()
-            resp = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
+            with self._bounded("get", key):
+                resp = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
             return self._read_body(resp, key, started), resp["ETag"]
         except (bce.BotoCoreError, bce.ClientError) as e:
             raise self._error(e, "get", key) from e
@@ -219,8 +375,9 @@ class S3Store:
     def put_if(self, key: str, data: bytes, version: str | None) -> None:
         condition = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
         try:
-            self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=bytes(data),
-                                    **condition)
+            with self._bounded("put", key, len(data)):
+                self._client.put_object(Bucket=self.bucket, Key=self._key(key),
+                                        Body=bytes(data), **condition)
         except bce.ClientError as e:
             code = str(e.response.get("Error", {}).get("Code", ""))
             status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
@@ -236,7 +393,8 @@ class S3Store:
     def delete(self, key: str) -> None:
         try:
             # DeleteObject succeeds for missing keys, which gives idempotence.
-            self._client.delete_object(Bucket=self.bucket, Key=self._key(key))
+            with self._bounded("delete", key):
+                self._client.delete_object(Bucket=self.bucket, Key=self._key(key))
         except (bce.BotoCoreError, bce.ClientError) as e:
             raise self._error(e, "delete", key) from e
 
@@ -248,15 +406,17 @@ class S3Store:
             pages = self._client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=base + prefix
             )
-            for page in pages:
-                keys.extend(obj["Key"][len(base):] for obj in page.get("Contents", []))
+            with self._bounded("list", prefix):  # each page's request
+                for page in pages:
+                    keys.extend(obj["Key"][len(base):] for obj in page.get("Contents", []))
         except (bce.BotoCoreError, bce.ClientError) as e:
             raise self._error(e, "list", prefix) from e
         return sorted(keys)
 
     def size(self, key: str) -> int | None:
         try:
-            resp = self._client.head_object(Bucket=self.bucket, Key=self._key(key))
+            with self._bounded("size", key):
+                resp = self._client.head_object(Bucket=self.bucket, Key=self._key(key))
         except (bce.BotoCoreError, bce.ClientError) as e:
             err = self._error(e, "size", key)
             if isinstance(err, ObjectNotFound):
@@ -266,7 +426,8 @@ class S3Store:
 
     def check(self) -> None:
         try:
-            self._client.head_bucket(Bucket=self.bucket)
+            with self._bounded("check", None):
+                self._client.head_bucket(Bucket=self.bucket)
         except bce.ClientError as e:
             code = str(e.response.get("Error", {}).get("Code", ""))
             if code in ("404", "NoSuchBucket", "NotFound"):
