@@ -414,6 +414,90 @@ def trickling_proxy(upstream: str, chunk: int = 64, pause: float = 0.05,
             t.join()
 
 
+@contextlib.contextmanager
+def cutting_proxy(upstream: str, cut: str):
+    """A TCP proxy to `upstream` (http://HOST:PORT) that closes the connection
+    partway through each answer: after its status line (cut="status") or after its
+    headers (cut="body"), as a network or a middlebox that drops it there. Yields
+    its endpoint URL."""
+    host, port = upstream.rsplit("//", 1)[1].split(":")
+    marker = b"\r\n" if cut == "status" else b"\r\n\r\n"
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+    sockets, threads = [listener], []
+
+    def pump(src, dst, cutting: bool):
+        answer = b""
+        try:
+            while not stop.is_set():
+                data = src.recv(65536)
+                if not data:
+                    break
+                if not cutting:
+                    dst.sendall(data)
+                    continue
+                answer += data
+                if marker in answer:
+                    dst.sendall(answer[:answer.index(marker) + len(marker)])
+                    break
+        except OSError:
+            pass  # either side closed
+        finally:
+            if cutting:
+                with contextlib.suppress(OSError):
+                    dst.shutdown(socket.SHUT_RDWR)
+
+    def accept():
+        while not stop.is_set():
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # the listener closed
+            server = socket.create_connection((host, int(port)))
+            sockets.extend((client, server))
+            for src, dst, cutting in ((client, server, False), (server, client, True)):
+                t = threading.Thread(target=pump, args=(src, dst, cutting), daemon=True)
+                t.start()
+                threads.append(t)
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        acceptor.join()
+        for t in threads:
+            t.join()
+
+
+@pytest.mark.parametrize("cut, op", [("status", "size"), ("status", "get"),
+                                     ("status", "get_versioned"), ("status", "list"),
+                                     ("body", "list")])
+def test_s3_answer_cut_short_is_a_transient_error(moto_endpoint, bucket, cut, op):
+    """The connection drops partway through an answer. http.client takes headers that
+    end with the connection for whole ones, and botocore a body shorter than its
+    Content-Length for the whole body (it reads non-streamed bodies without that
+    check): before, a HEAD raised KeyError (no ContentLength), a GET returned b"" for
+    an object that holds data, a versioned GET raised KeyError (no ETag) and a LIST
+    returned no keys. Each is now a transient error, retried like a reset."""
+    from tierfs.cold.s3 import S3Store
+
+    S3Store(bucket, endpoint=moto_endpoint).put(KEY, b"some data")
+    with cutting_proxy(moto_endpoint, cut) as endpoint:
+        s3 = S3Store(bucket, endpoint=endpoint, read_timeout=5)
+        calls = {"size": lambda: s3.size(KEY), "get": lambda: s3.get(KEY),
+                 "get_versioned": lambda: s3.get_versioned(KEY), "list": s3.list}
+        with pytest.raises(ColdStoreError) as e:
+            calls[op]()
+    assert e.value.transient, e.value
+    assert "\n" not in str(e.value)
+
+
 def test_s3_get_of_a_trickling_body_is_bounded(moto_endpoint, bucket):
     """A body that trickles in (a degraded network or server), each byte within the
     socket's read timeout, must not hold the GET, its worker thread and its S3 slot

@@ -164,6 +164,37 @@ def _watch_requests(client) -> None:
     pools["http"], pools["https"] = _HTTPPool, _HTTPSPool
 
 
+class _AnswerCutShort(bce.ConnectionError):
+    fmt = "the connection closed before the whole answer arrived"
+
+
+# The successful answers whose headers or body tierfs reads; of the others only the
+# status counts.
+_READ_ANSWERS = {"GetObject", "HeadObject", "ListObjectsV2"}
+
+
+def _refuse_cut_answers(response_dict, operation_model, **_kwargs) -> None:
+    """botocore's before-parse hook: refuse an answer the connection cut short, as
+    a closed connection (transient). http.client takes headers that end with the
+    connection for whole ones, and botocore reads a body that is not streamed
+    without checking its Content-Length: a HEAD would have no size, a GET an empty
+    body, a LIST no keys."""
+    headers = response_dict["headers"]
+    if response_dict["status_code"] >= 300 or operation_model.name not in _READ_ANSWERS:
+        return
+    length = headers.get("content-length")
+    if length is None:
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            return  # urllib3 fails a chunked body cut short
+        cut = True
+    else:
+        body = response_dict.get("body")
+        cut = (isinstance(body, bytes) and operation_model.http.get("method") != "HEAD"
+               and length.isdigit() and len(body) < int(length))
+    if cut:
+        raise _AnswerCutShort()
+
+
 def _config_error(e: Exception) -> ColdConfigError:
     """What boto3 refused in the AWS configuration, as one line naming the setting and
     the fix. The arguments and the environment were checked before, so what is left is
@@ -231,6 +262,7 @@ class S3Store:
         except (ValueError, bce.BotoCoreError) as e:
             raise _config_error(e) from None
         _watch_requests(self._client)
+        self._client.meta.events.register("before-parse.s3", _refuse_cut_answers)
         self.endpoint = self._client.meta.endpoint_url
 
     # -- helpers ---------------------------------------------------------
