@@ -9,6 +9,7 @@ import time
 import uuid
 
 from . import cold as cold_mod
+from .cold.base import PROBE_KEY
 from .cold.faulty import ControlledFaults
 from .cold.retry import RetryingStore
 from .errors import ColdConfigError, ColdStoreError, ObjectNotFound, UserError
@@ -50,7 +51,8 @@ def read_superblock(cold) -> Superblock | None:
     try:
         raw = cold.get(SUPERBLOCK_OBJECT)
     except ObjectNotFound:
-        if [k for k in cold.list("") if k != LEASE_KEY]:
+        # Another node's check may be probing it right now (or died while it did).
+        if [k for k in cold.list("") if k != LEASE_KEY and not k.startswith(PROBE_KEY)]:
             raise UserError(f"{cold.describe()} holds data that is not a tierfs filesystem: "
                             f"use an empty location") from None
         return None

@@ -220,6 +220,37 @@ def test_check_ok_and_leaves_nothing(store):
     assert store.list() == []
 
 
+@pytest.mark.parametrize("make_store", ["file", "s3"], indirect=True)
+def test_checks_of_one_location_at_once_all_pass(make_store):
+    """Nodes that mount one location at once (a shared namespace starting on every
+    node of a job) check it at once: here a second node's whole check runs between
+    the probe write and read of the first's. Before, both probed one key, and the
+    first found the probe the second had deleted: its mount was refused ("cannot
+    use ...: object '.tierfs-probe' not found")."""
+    first, second = make_store(), make_store()
+    put = first.put
+
+    def put_then_other_check(key, data):
+        put(key, data)
+        second.check()
+
+    first.put = put_then_other_check
+    first.check()
+    assert first.list() == []
+
+
+def test_a_probe_left_in_an_empty_location_does_not_make_it_foreign(tmp_path):
+    """A location holding only a check's probe (another node checking it this moment,
+    or one that died in its check) is empty to a first mount, not "data that is not
+    a tierfs filesystem"."""
+    from tierfs.cold.base import PROBE_KEY
+    from tierfs.filesystem import read_superblock
+
+    store = FileStore(str(tmp_path))
+    store.put(PROBE_KEY + ".0123", b"tierfs probe")
+    assert read_superblock(store) is None
+
+
 # -- file store --------------------------------------------------------------
 
 

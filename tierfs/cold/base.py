@@ -7,12 +7,19 @@ anything else raises ColdStoreError(transient=False) or a subclass.
 """
 from __future__ import annotations
 
+import uuid
 from typing import Protocol, runtime_checkable
 
 import xxhash
 
-# Key written and removed by check() to prove the store is writable.
+# Keys written and removed by check() to prove the store is writable start with this.
 PROBE_KEY = ".tierfs-probe"
+
+
+def probe_key() -> str:
+    """A probe key of one check's own: nodes mounting one location at once check it
+    at once, and one's probe must not be deleted by another's check."""
+    return f"{PROBE_KEY}.{uuid.uuid4().hex}"
 
 
 @runtime_checkable

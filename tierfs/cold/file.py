@@ -7,7 +7,7 @@ import os
 import stat
 import uuid
 
-from tierfs.cold.base import PROBE_KEY, check_range, content_version
+from tierfs.cold.base import check_range, content_version, probe_key
 from tierfs.errors import ColdConfigError, ColdStoreError, ObjectNotFound, PreconditionFailed
 
 # put() writes "<name>.<random><TMP_SUFFIX>" then renames it; list() hides these.
@@ -170,10 +170,11 @@ class FileStore:
                 raise ColdConfigError(
                     f"cannot create cold directory {root}: {e.strerror}: check permissions on {parent}"
                 ) from e
+        probe = probe_key()
         try:
-            self.put(PROBE_KEY, b"tierfs probe")
-            ok = self.get(PROBE_KEY) == b"tierfs probe"
-            self.delete(PROBE_KEY)
+            self.put(probe, b"tierfs probe")
+            ok = self.get(probe) == b"tierfs probe"
+            self.delete(probe)
         except ColdStoreError as e:
             raise ColdConfigError(f"cold directory {root} is not usable ({e}): check its permissions and free space") from e
         if not ok:

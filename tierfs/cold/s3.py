@@ -21,7 +21,7 @@ from botocore.awsrequest import (AWSHTTPConnection, AWSHTTPConnectionPool, AWSHT
 from botocore.config import Config
 
 from tierfs.cold import check_s3_environment
-from tierfs.cold.base import PROBE_KEY, check_range
+from tierfs.cold.base import check_range, probe_key
 from tierfs.errors import (ColdConfigError, ColdStoreError, ConditionalWritesUnsupported,
                            ObjectNotFound, PreconditionFailed)
 
@@ -469,11 +469,11 @@ class S3Store:
             raise self._check_error(e) from e
         # Bucket-level access can be allowed while object writes are not;
         # find that out now rather than at the first eviction.
-        probe = b"tierfs probe"
+        probe, key = b"tierfs probe", probe_key()
         try:
-            self.put(PROBE_KEY, probe)
-            got = self.get(PROBE_KEY)
-            self.delete(PROBE_KEY)
+            self.put(key, probe)
+            got = self.get(key)
+            self.delete(key)
         except ColdConfigError:
             raise
         except ColdStoreError as e:
@@ -482,7 +482,7 @@ class S3Store:
             raise ColdConfigError(f"cannot use {self.describe()}: {e}") from e
         if got != probe:
             raise ColdConfigError(
-                f"{self.describe()} returned wrong data for probe key {PROBE_KEY}: check the endpoint"
+                f"{self.describe()} returned wrong data for probe key {key}: check the endpoint"
             )
 
     def _check_error(self, e: Exception) -> ColdStoreError:
