@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -446,11 +447,12 @@ def trickling_proxy(upstream: str, chunk: int = 64, pause: float = 0.05,
 
 
 @contextlib.contextmanager
-def cutting_proxy(upstream: str, cut: str):
+def cutting_proxy(upstream: str, cut: str | None, strip: bytes | None = None):
     """A TCP proxy to `upstream` (http://HOST:PORT) that closes the connection
     partway through each answer: after its status line (cut="status") or after its
-    headers (cut="body"), as a network or a middlebox that drops it there. Yields
-    its endpoint URL."""
+    headers (cut="body"), as a network or a middlebox that drops it there; None: the
+    answers go through whole. `strip`: a request header it removes (b"Range"), as a
+    middlebox that does not pass it on. Yields its endpoint URL."""
     host, port = upstream.rsplit("//", 1)[1].split(":")
     marker = b"\r\n" if cut == "status" else b"\r\n\r\n"
     listener = socket.create_server(("127.0.0.1", 0))
@@ -464,7 +466,9 @@ def cutting_proxy(upstream: str, cut: str):
                 data = src.recv(65536)
                 if not data:
                     break
-                if not cutting:
+                if strip and not cutting:  # a request (headers in one piece here)
+                    data = re.sub(rb"\r\n" + strip + rb":[^\r]*", b"", data, flags=re.I)
+                if not cutting or cut is None:
                     dst.sendall(data)
                     continue
                 answer += data
@@ -527,6 +531,24 @@ def test_s3_answer_cut_short_is_a_transient_error(moto_endpoint, bucket, cut, op
             calls[op]()
     assert e.value.transient, e.value
     assert "\n" not in str(e.value)
+
+
+def test_s3_ranged_get_through_a_middlebox_that_drops_the_range(moto_endpoint, bucket):
+    """A proxy or an S3-compatible server that ignores the Range header answers a
+    ranged GET with the whole object (200, not 206): the store still returns the
+    range asked for. Before, it returned the whole object, which every read of a
+    small file packed with others took for a checksum mismatch (EIO, counted as
+    damage)."""
+    from tierfs.cold.s3 import S3Store
+
+    data = payload(1024)
+    S3Store(bucket, endpoint=moto_endpoint).put(KEY, data)
+    with cutting_proxy(moto_endpoint, None, strip=b"Range") as endpoint:
+        s3 = S3Store(bucket, endpoint=endpoint)
+        assert s3.get(KEY, 100, 50) == data[100:150]
+        assert s3.get(KEY, 1000) == data[1000:]
+        assert s3.get(KEY, 1000, 100) == data[1000:]
+        assert s3.get(KEY, 5000, 10) == b""
 
 
 def test_s3_get_of_a_trickling_body_is_bounded(moto_endpoint, bucket):
