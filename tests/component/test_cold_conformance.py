@@ -589,6 +589,25 @@ def test_s3_request_whose_answer_trickles_is_bounded(moto_endpoint, bucket, op):
     assert "\n" not in str(e.value)
 
 
+def test_s3_get_of_an_archived_object_says_so(moto_endpoint, bucket):
+    """A lifecycle rule of the bucket moved an object to an archive storage class
+    (Glacier): S3 refuses its GET with 403 InvalidObjectState. The error says the
+    object is archived and how to get it back; before, it blamed the credentials
+    ("access denied to bucket ...: check AWS credentials"), which are fine."""
+    import boto3
+
+    from tierfs.cold.s3 import S3Store
+
+    boto3.client("s3", endpoint_url=moto_endpoint).put_object(
+        Bucket=bucket, Key=KEY, Body=b"cold data", StorageClass="GLACIER")
+    with pytest.raises(ColdStoreError) as e:
+        S3Store(bucket, endpoint=moto_endpoint).get(KEY)
+    msg = str(e.value)
+    assert "archive" in msg and "restore-object" in msg and KEY in msg, msg
+    assert "credentials" not in msg and "\n" not in msg, msg
+    assert not e.value.transient
+
+
 def test_s3_no_credentials(moto_endpoint, aws_env, monkeypatch):
     from tierfs.cold.s3 import S3Store
 

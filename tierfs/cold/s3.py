@@ -286,6 +286,12 @@ class S3Store:
                 return ColdConfigError(self._missing_bucket())
             if code in _NOT_FOUND:
                 return ObjectNotFound(f"object '{key}' not found in {self.describe()}")
+            if code == "InvalidObjectState":  # a 403 the credentials have no part in
+                return ColdConfigError(
+                    f"{what} failed: the object is archived (an archive storage class "
+                    f"such as Glacier, set by a lifecycle rule of bucket '{self.bucket}'): "
+                    f"restore it (aws s3api restore-object) and keep tierfs's objects out "
+                    f"of that rule")
             if code in _DENIED or status == 403:
                 return ColdConfigError(
                     f"access denied to bucket '{self.bucket}' ({code}): "
