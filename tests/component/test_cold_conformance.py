@@ -608,6 +608,63 @@ def test_s3_get_of_an_archived_object_says_so(moto_endpoint, bucket):
     assert not e.value.transient
 
 
+@contextlib.contextmanager
+def skewed_s3_endpoint(skew_s: float):
+    """An HTTP endpoint that refuses every request as S3 does when the client's clock
+    is off by more than 15 minutes (403 RequestTimeTooSkewed; a HEAD has no body to
+    name the code), its Date header `skew_s` seconds from this machine's clock.
+    Yields its URL."""
+    from email.utils import formatdate
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Refuse(BaseHTTPRequestHandler):
+        def _refuse(self):
+            body = b"" if self.command == "HEAD" else (
+                b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>RequestTimeTooSkewed"
+                b"</Code><Message>The difference between the request time and the current "
+                b"time is too large.</Message></Error>")
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response_only(403)
+            self.send_header("Date", formatdate(time.time() + skew_s, usegmt=True))
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_HEAD = do_PUT = do_DELETE = _refuse
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_s3_refusal_for_a_skewed_clock_names_the_clock(aws_env):
+    """S3 refuses every request of a node whose clock is off by more than 15 minutes
+    (a VM or container without NTP): the mount's check and every later request say
+    that the clock is off and how to fix it. Before, they said "access denied to
+    bucket ...: check AWS credentials" (a HEAD's 403 names no code), and the user
+    looked for a fault in credentials that are fine."""
+    from tierfs.cold.s3 import S3Store
+
+    with skewed_s3_endpoint(3600) as endpoint:
+        s3 = S3Store("some-bucket", endpoint=endpoint)
+        for call in (s3.check, lambda: s3.get(KEY), lambda: s3.put(KEY, b"x")):
+            with pytest.raises(ColdConfigError) as e:
+                call()
+            msg = str(e.value)
+            assert "clock" in msg and "NTP" in msg and "credentials" not in msg, msg
+            assert "\n" not in msg
+
+
 def test_s3_no_credentials(moto_endpoint, aws_env, monkeypatch):
     from tierfs.cold.s3 import S3Store
 

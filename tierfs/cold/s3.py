@@ -6,6 +6,7 @@ and works without them when no S3 store is used.
 from __future__ import annotations
 
 import contextlib
+import email.utils
 import logging
 import os
 import socket
@@ -43,6 +44,8 @@ _TRANSIENT = {
 # socket's read timeout bounds each wait for bytes, never a body that trickles in.
 MIN_GET_RATE = 1 << 20  # bytes per second
 GET_PIECE = 1 << 20  # read at most this at a time: below the daemon's mmap threshold
+# S3 refuses a request signed further than this off its own clock (RequestTimeTooSkewed).
+MAX_CLOCK_SKEW_S = 15 * 60
 CUT_RETRY_S = 0.05  # how often the watchdog looks again at an overdue request still connecting
 
 
@@ -162,6 +165,16 @@ def _watch_requests(client) -> None:
                     botocore.__version__)
         return
     pools["http"], pools["https"] = _HTTPPool, _HTTPSPool
+
+
+def _clock_skew(e: bce.ClientError) -> float | None:
+    """How far this node's clock is ahead of the server's (seconds, negative: behind),
+    by the Date of its answer; None where it sent none."""
+    date = e.response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+    try:
+        return time.time() - email.utils.parsedate_to_datetime(date).timestamp()
+    except (TypeError, ValueError):
+        return None
 
 
 class _AnswerCutShort(bce.ConnectionError):
@@ -292,6 +305,14 @@ class S3Store:
                     f"such as Glacier, set by a lifecycle rule of bucket '{self.bucket}'): "
                     f"restore it (aws s3api restore-object) and keep tierfs's objects out "
                     f"of that rule")
+            skew = _clock_skew(e) if code == "RequestTimeTooSkewed" or status == 403 else None
+            if code == "RequestTimeTooSkewed" or (skew and abs(skew) > MAX_CLOCK_SKEW_S):
+                off = (f"{abs(skew) / 60:.0f} minutes {'ahead of' if skew > 0 else 'behind'}"
+                       if skew else "more than 15 minutes off")
+                return ColdConfigError(
+                    f"{self.describe()} refused the request: this node's clock is {off} "
+                    f"the bucket's (S3 allows 15 minutes): set the clock right (NTP, e.g. "
+                    f"timedatectl set-ntp true)")
             if code in _DENIED or status == 403:
                 return ColdConfigError(
                     f"access denied to bucket '{self.bucket}' ({code}): "
