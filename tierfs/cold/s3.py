@@ -43,6 +43,9 @@ _TRANSIENT = {
 # A GET's body must arrive within its timeout plus this rate's time for its size: the
 # socket's read timeout bounds each wait for bytes, never a body that trickles in.
 MIN_GET_RATE = 1 << 20  # bytes per second
+# A PUT's share of a slow uplink may be far below a GET's: 32 uploads of 64 MiB packs
+# at once over 100 Mbit/s get about 0.4 MB/s each, and must still finish.
+MIN_PUT_RATE = 1 << 18  # bytes per second
 GET_PIECE = 1 << 20  # read at most this at a time: below the daemon's mmap threshold
 # S3 refuses a request signed further than this off its own clock (RequestTimeTooSkewed).
 MAX_CLOCK_SKEW_S = 15 * 60
@@ -326,9 +329,9 @@ class S3Store:
     @contextlib.contextmanager
     def _bounded(self, op: str, key: str | None, nbytes: int = 0):
         """Bound each request sent inside the block to --cold-timeout plus
-        MIN_GET_RATE's time for the `nbytes` it sends; one that runs past that fails,
+        MIN_PUT_RATE's time for the `nbytes` it sends; one that runs past that fails,
         transient (a GET's body has its own bound: _read_body)."""
-        seconds = self.get_timeout + nbytes / MIN_GET_RATE
+        seconds = self.get_timeout + nbytes / MIN_PUT_RATE
         cause = None
         with _WATCHDOG.bound(seconds) as call:
             try:
