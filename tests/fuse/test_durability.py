@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.fuse.test_tiering import bucket_client, data_objects, pattern, status
+from tests.fuse.test_tiering import bucket_client, data_objects, make_cold, pattern, status
 from tests.harness import drop_page_cache, read_file, write_file
 from tests.moto_server import s3_env
 
@@ -271,6 +271,26 @@ def test_fsck_clean_then_finds_and_repairs(s3m):
     m.umount()  # gc deletes the orphan object on the way
     res = fsck(m, "--verify-data")
     assert res.returncode == 0, res.stdout
+
+
+def test_fsck_repair_that_leaves_lost_data_exits_4(s3m):
+    """An object the bucket damaged, with no good hot copy left, is a problem no
+    repair fixes: `fsck --repair` reports it as left and exits 4 (problems left),
+    not 1 with every problem counted as repaired."""
+    m = s3m()
+    write_file(m.path("f"), pattern(3 * MiB, 8))
+    make_cold(m, m.path("f"))  # only the bucket has it now
+    m.umount()
+    bucket, _prefix = m.cold_url[5:].split("/", 1)
+    client = bucket_client(m)
+    for key in data_objects(m):
+        body = bytearray(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+        body[100] ^= 0xFF
+        client.put_object(Bucket=bucket, Key=key, Body=bytes(body))
+    res = fsck(m, "--verify-data", "--repair")
+    assert "no good copy: data lost" in res.stdout, res.stdout + res.stderr
+    assert res.returncode == 4, res.stdout + res.stderr
+    assert res.stdout.splitlines()[-1] == "3 problems left that no repair can fix"
 
 
 @pytest.mark.allow_log_errors

@@ -39,7 +39,8 @@ def add_parsers(sub) -> None:
                    help="take over from a node that still holds the writer lease (known dead)")
     p = sub.add_parser("fsck", help="check (and repair) a cache dir against its bucket",
                        description="Offline check of metadata, hot tier files and bucket "
-                       "objects. Exit status: 0 clean, 1 problems repaired, 4 problems left.")
+                       "objects. Exit status: 0 clean, 1 problems repaired, 4 problems left "
+                       "(found without --repair, or that no repair can fix).")
     _location_args(p, shared=True)
     p.add_argument("--repair", action="store_true", help="fix what can be fixed safely")
     p.add_argument("--verify-data", action="store_true",
@@ -150,9 +151,18 @@ def _report(findings, what: str, repair: bool) -> int:
     if not findings:
         print(f"{what}: clean")
         return 0
-    print(plural(len(findings), "problem") + (" repaired" if repair else
-                                               "; run again with --repair to fix them"))
-    return 1 if repair else 4
+    if not repair:
+        print(plural(len(findings), "problem") + "; run again with --repair to fix them")
+        return 4
+    # A problem repair cannot fix (data lost, no good copy anywhere) is still there.
+    left = sum(1 for f in findings if not f.fix)
+    if not left:
+        print(plural(len(findings), "problem") + " repaired")
+        return 1
+    fixed = len(findings) - left
+    print((f"{plural(fixed, 'problem')} repaired, {left}" if fixed else plural(left, "problem"))
+          + " left that no repair can fix")
+    return 4
 
 
 COMMANDS = {"recover": cmd_recover, "fsck": cmd_fsck}
