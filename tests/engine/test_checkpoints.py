@@ -2,8 +2,14 @@
 checkpoint's fate is unknown."""
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+
 import pytest
 
+import tierfs
 from tierfs.checksum import object_matches
 from tierfs.errors import ColdStoreError
 from tierfs.meta import scan
@@ -89,4 +95,39 @@ def test_a_checkpoint_that_landed_is_not_failed_by_its_pruning(tmp_path):
             s.memory.delete = delete
             third = await s.checkpointer.checkpoint()
             assert s.memory.list(PREFIX) == [checkpoint_name(third)]
+    run(body)
+
+
+TREE = os.path.dirname(os.path.dirname(tierfs.__file__))  # for the child process
+KILLED_DURING_A_CHECKPOINT = """
+import os, signal, sys
+from tierfs.meta import MetaStore
+from tierfs.tier import checkpoint
+meta = MetaStore(sys.argv[1])
+copy_to = meta.kv.copy_to
+def copied_then_killed(directory):
+    copy_to(directory)
+    os.kill(os.getpid(), signal.SIGKILL)  # kill -9 before the copy is read and removed
+meta.kv.copy_to = copied_then_killed
+checkpoint.snapshot(meta, sys.argv[2])
+"""
+
+
+def test_the_copy_of_a_daemon_killed_during_a_checkpoint_is_removed(tmp_path):
+    """A checkpoint copies the whole metadata database into the cache dir first: a
+    daemon killed before it removed that copy leaves it there, as large as the
+    metadata, and one more with every such kill. The next start removes it."""
+    work = tmp_path / "cache"
+    work.mkdir()
+    child = subprocess.run([sys.executable, "-c", KILLED_DURING_A_CHECKPOINT,
+                            str(tmp_path / "meta-of-the-killed"), str(work)],
+                           env=dict(os.environ, PYTHONPATH=TREE))
+    assert child.returncode == -signal.SIGKILL
+    left = [p for p in work.iterdir() if (p / "data.mdb").exists()]
+    assert left, "the killed daemon left no copy behind"
+
+    async def body():
+        async with engine_stack(work, extent_size=E, cache_size=8 * E, upload_delay=0,
+                                checkpoint_every=0):
+            assert not any(p.exists() for p in left)
     run(body)

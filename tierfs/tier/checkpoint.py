@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -23,6 +24,7 @@ from ..errors import ColdStoreError, TierfsError, UserError
 log = logging.getLogger(__name__)
 
 PREFIX = "meta/ckpt-"
+COPY_PREFIX = "ckpt-"  # a checkpoint's copy of the database, in the cache dir
 
 
 class Fenced(TierfsError):
@@ -64,9 +66,18 @@ def unpack(blob: bytes) -> tuple[int, bytes]:
     return meta["seq"], db
 
 
+def remove_left_copies(workdir: str) -> None:
+    """Remove the copies a daemon killed during a checkpoint left in `workdir` (each
+    as large as the metadata; blocking: at startup, with the cache dir locked)."""
+    for entry in os.scandir(workdir):
+        if entry.name.startswith(COPY_PREFIX) and entry.is_dir(follow_symlinks=False):
+            log.info("removing %s, left by a daemon stopped during a checkpoint", entry.path)
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
 def snapshot(meta_store, workdir: str) -> bytes:
     """A consistent, compacted copy of the LMDB file (blocking: run in a thread)."""
-    tmp = tempfile.mkdtemp(prefix="ckpt-", dir=workdir)
+    tmp = tempfile.mkdtemp(prefix=COPY_PREFIX, dir=workdir)
     try:
         with open(meta_store.kv.copy_to(tmp), "rb") as f:
             return f.read()
@@ -93,6 +104,7 @@ class Checkpointer:
 
     def load(self) -> None:
         """Learn which checkpoints exist (blocking; at startup)."""
+        remove_left_copies(self.workdir)
         self.kept = list_checkpoints(self.engine.cold)
         self._tell_gc()
 
