@@ -460,6 +460,7 @@ class Daemon:
             self._registered = None
 
     def close(self) -> None:
+        served = self.mounted
         if self.guard_process is not None:  # a clean exit: nothing to abort
             guard.stop(self.guard_process)
             self.guard_process = None
@@ -472,9 +473,16 @@ class Daemon:
             self.mounted = False
         if self.engine is not None:
             self.hot.close()
-        if self.lease is not None:
-            self.lease.release()
-            self.lease = None
+        if self.lease is not None:  # run() did not get to _release_lease
+            lease, self.lease = self.lease, None
+            if served and not self.checkpointed:
+                # It ended with an error before its final checkpoint landed: as in
+                # _release_lease, the lease stays held and lapses.
+                log.warning("the daemon stopped before its final metadata checkpoint: the "
+                            "lease stays held (it lapses as a dead node's does); mount this "
+                            "cache dir again to finish")
+            else:
+                lease.release()
         if self.feed is not None:
             self.feed.stop()
             self.feed = None

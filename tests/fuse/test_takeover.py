@@ -218,6 +218,45 @@ def test_an_unmount_whose_final_checkpoint_failed_keeps_the_lease(s3m, tmp_path)
     assert lease(a).get("released") is True
 
 
+@pytest.mark.allow_log_errors
+def test_a_daemon_that_fails_its_final_checkpoint_on_a_full_cache_disk_keeps_the_lease(
+        mount_factory, tmp_path):
+    """The cache dir's disk is full at unmount: the final checkpoint cannot copy the
+    metadata, and the daemon ends with that error. The lease must stay held, as
+    after any final checkpoint that did not land, or another node would start at
+    once from the older checkpoint, without what was changed since."""
+    import subprocess
+    cache = tmp_path / "a-cache"
+    cache.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(cache)], check=True)
+    a = mount_factory(name="a", args=("--extent-size", "256K", "--cache-size", "2M",
+                                      "--min-free", "0"), start=False)
+    try:
+        a.start()
+        write_file(a.path("f"), b"in the bucket")
+        a.cli("sync", a.mountpoint, "--wait", check=True)
+        os.mkdir(a.path("after"))                  # in no checkpoint yet
+        with open(cache / "filler", "wb") as f:    # the cache disk fills up
+            with pytest.raises(OSError) as full:
+                while True:
+                    f.write(b"\0" * (1 << 20))
+                    f.flush()
+        assert full.value.errno == errno.ENOSPC
+        res = a.cli("umount", a.mountpoint)
+        a.pid = None
+        assert res.returncode == 3, (res.returncode, res.stdout, res.stderr)
+        assert "mount it again to finish" in one_line_error(res)
+        with open(tmp_path / "a-cold" / "lease.json") as f:
+            assert json.load(f).get("released") is not True
+        os.unlink(cache / "filler")
+        a.start()                                  # the same cache dir has it all
+        assert sorted(os.listdir(a.mountpoint)) == ["after", "f"]
+        a.umount()
+    finally:
+        a.cleanup()
+        subprocess.run(["umount", str(cache)], check=True)
+
+
 def test_a_sync_wait_on_a_mount_taken_over_meanwhile_says_so(s3m, tmp_path):
     """`sync --wait` waits for uploads that hang; another node takes the filesystem
     over. Once the old mount notices (its next lease renewal), nothing more uploads
