@@ -481,6 +481,11 @@ class Daemon:
                 log.warning("the daemon stopped before its final metadata checkpoint: the "
                             "lease stays held (it lapses as a dead node's does); mount this "
                             "cache dir again to finish")
+            elif not served and self.shared is None:
+                # Refused before it served (a check after attach failed): it wrote
+                # nothing, so it puts back the lease it found instead of posing as the
+                # last writer, whose cache dir would then be refused as stale.
+                lease.abandon()
             else:
                 lease.release()
         if self.feed is not None:

@@ -257,6 +257,24 @@ def test_a_daemon_that_fails_its_final_checkpoint_on_a_full_cache_disk_keeps_the
         subprocess.run(["umount", str(cache)], check=True)
 
 
+def test_a_mount_refused_after_recovering_does_not_pose_as_the_last_writer(mount_factory):
+    """A new node recovers the namespace into its empty cache dir, then its mount is
+    refused (a --cache-size larger than its disk). It wrote nothing: the lease must
+    still name the node that wrote last, whose cache dir then mounts as before,
+    instead of being refused as stale."""
+    a = mount_factory(name="a", args=("--extent-size", "256K"))
+    write_file(a.path("f"), b"written last by a")
+    a.umount()
+    b = mount_factory(cold_url=a.cold_url, name="b", start=False)
+    b.allowed_log.append("--cache-size .* is larger than")
+    res = b.cli("mount", b.cold_url, b.mountpoint, "--cache-dir", b.cache_dir,
+                "--cache-size", "1P")
+    assert res.returncode == 1 and "--cache-size" in one_line_error(res), res.stderr
+    assert not b.mounted
+    a.start()
+    assert read_file(a.path("f")) == b"written last by a"
+
+
 def test_a_sync_wait_on_a_mount_taken_over_meanwhile_says_so(s3m, tmp_path):
     """`sync --wait` waits for uploads that hang; another node takes the filesystem
     over. Once the old mount notices (its next lease renewal), nothing more uploads
