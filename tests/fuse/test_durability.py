@@ -293,6 +293,37 @@ def test_fsck_repair_that_leaves_lost_data_exits_4(s3m):
     assert res.stdout.splitlines()[-1] == "3 problems left that no repair can fix"
 
 
+def test_fsck_repair_after_a_power_cut_never_leads_gc_to_new_data(mount_factory, tmp_path):
+    """A power cut right after an upload's PUT: the metadata database comes back as
+    last synced, without the upload's intent and with its object id counter before
+    it, so the object in the bucket is referenced by nothing. `fsck --repair` queues
+    it for gc, and the node hands that id out again: gc must never then delete the
+    new data written under it."""
+    a = mount_factory(name="a", args=("--extent-size", "1M", "--pack-below", "0",
+                                      "--checkpoint-keep", "1"))
+    write_file(a.path("f1"), pattern(MiB, 1))
+    a.umount()                                     # everything synced
+    mdb = os.path.join(a.cache_dir, "meta", "data.mdb")
+    synced = tmp_path / "synced.mdb"
+    shutil.copyfile(mdb, synced)
+    a.start()
+    cold = os.path.join(str(tmp_path), "a-cold", "data")
+    before = set(os.listdir(cold))
+    write_file(a.path("f2"), pattern(MiB, 2))
+    wait_for(lambda: set(os.listdir(cold)) - before, what="f2's upload")
+    a.kill9()
+    shutil.copyfile(synced, mdb)                   # the power cut: back to the last sync
+    res = fsck(a, "--repair")
+    assert res.returncode == 1 and "is not referenced by any file" in res.stdout, res.stdout
+    a.start()
+    write_file(a.path("f3"), pattern(MiB, 3))
+    a.cli("sync", a.mountpoint, "--wait", check=True)  # a newer checkpoint: gc may go on
+    wait_for(lambda: status(a)["gc_backlog_objects"] == 0, what="gc to empty its queue")
+    a.cli("release", a.path("f3"), check=True)
+    drop_page_cache(a.path("f3"))
+    assert read_file(a.path("f3")) == pattern(MiB, 3)
+
+
 @pytest.mark.allow_log_errors
 def test_scrub_replaces_damaged_hot_copy(s3m):
     m = s3m()

@@ -212,17 +212,28 @@ class Fsck:
                 if self.repair:
                     self.hot.remove(ino, idx)
         packs = {obj_id for obj_id, _pack in scan.packs(meta)}  # check_packs() sees to them
+        highest = 0
         for key in sorted(objects):
             try:
                 obj_id = int(key[len("data/"):], 16)
             except ValueError:
                 continue
+            highest = max(highest, obj_id)
             if self.live:
-                break  # mounted nodes may not have published their newest uploads yet
+                continue  # mounted nodes may not have published their newest uploads yet
             if obj_id not in referenced and obj_id not in pending and obj_id not in packs:
                 self.found(f"object {key} is not referenced by any file", "queued it for gc")
                 gc.append(obj_id)
-        if self.repair and (fixes or gc):
+        # A power cut takes the metadata back to its last sync, the object id counter
+        # too, while the bucket keeps what was uploaded since: the counter would hand
+        # those ids out again, and gc (queued above) delete the new data under them.
+        counter = meta.peek_counter(b"obj")
+        if highest >= counter:
+            self.found(f"the object id counter ({counter}) is behind the objects in the "
+                       f"bucket (up to {highest})", f"moved it to {highest + 1}")
+        if self.repair and highest >= counter:
+            meta.raise_counter(b"obj", highest + 1)
+        if self.repair and (fixes or gc or highest >= counter):
             meta.update(None, fixes, gc)
             meta.sync()
 
