@@ -27,7 +27,7 @@ from .hot import HotStore
 from .cold import parse_cold_url
 from .mountpoint import check_fuse_available, check_mountpoint, check_outside_mount
 from .tier.cache import HotIndex
-from .tier.checkpoint import Checkpointer, Fenced
+from .tier.checkpoint import Checkpointer, CopyFailed, Fenced
 from .tier.engine import Engine
 from .tier.compact import Compactor
 from .tier.gc import GarbageCollector
@@ -390,7 +390,7 @@ class Daemon:
                     await self.checkpointer.checkpoint()
                     self.checkpointed = True
                     await self.gc.collect()
-                except (ColdStoreError, FsError) as e:  # the bucket, or the database
+                except (ColdStoreError, FsError, CopyFailed) as e:  # bucket, database, disk
                     log.warning("final metadata checkpoint failed: %s", e)
                 except Fenced:
                     pass  # the exit report says so

@@ -245,12 +245,44 @@ def test_a_daemon_that_fails_its_final_checkpoint_on_a_full_cache_disk_keeps_the
         res = a.cli("umount", a.mountpoint)
         a.pid = None
         assert res.returncode == 3, (res.returncode, res.stdout, res.stderr)
-        assert "mount it again to finish" in one_line_error(res)
+        assert "mount it again" in one_line_error(res)
         with open(tmp_path / "a-cold" / "lease.json") as f:
             assert json.load(f).get("released") is not True
         os.unlink(cache / "filler")
         a.start()                                  # the same cache dir has it all
         assert sorted(os.listdir(a.mountpoint)) == ["after", "f"]
+        a.umount()
+    finally:
+        a.cleanup()
+        subprocess.run(["umount", str(cache)], check=True)
+
+
+@pytest.mark.allow_log_errors
+def test_a_sync_wait_whose_checkpoint_finds_the_cache_disk_full_says_so(mount_factory, tmp_path):
+    """A checkpoint copies the metadata into the cache dir first: on a full cache disk
+    that fails. `sync --wait` then says that in one line and exits 3 (not in the
+    bucket), instead of losing its connection to a traceback in the daemon's log."""
+    import subprocess
+    cache = tmp_path / "a-cache"
+    cache.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(cache)], check=True)
+    a = mount_factory(name="a", args=("--extent-size", "256K", "--cache-size", "2M",
+                                      "--min-free", "0"), start=False)
+    try:
+        a.start()
+        write_file(a.path("f"), b"in the bucket")
+        a.cli("sync", a.mountpoint, "--wait", check=True)
+        with open(cache / "filler", "wb") as f:    # the cache disk fills up
+            with pytest.raises(OSError):
+                while True:
+                    f.write(b"\0" * (1 << 20))
+                    f.flush()
+        res = a.cli("sync", a.mountpoint, "--wait", "--timeout", "60")
+        assert res.returncode == 3, (res.returncode, res.stdout, res.stderr)
+        assert "No space left on device" in one_line_error(res)
+        assert "control request failed" not in a.log()
+        os.unlink(cache / "filler")
+        a.cli("sync", a.mountpoint, "--wait", check=True)
         a.umount()
     finally:
         a.cleanup()

@@ -154,8 +154,12 @@ class LmdbKV:
             self.thread_readers -= 1
 
     def copy_to(self, directory: str) -> str:
-        """A consistent, compacted copy of the database (blocking); its file's path."""
-        self.env.copy(directory, compact=True)
+        """A consistent, compacted copy of the database (blocking); its file's path.
+        OSError if it cannot be written (a full disk: lmdb says so as a DiskError)."""
+        try:
+            self.env.copy(directory, compact=True)
+        except lmdb.Error as e:
+            raise OSError(errno.EIO, str(e)) from None
         return os.path.join(directory, "data.mdb")
 
     def sync(self) -> None:

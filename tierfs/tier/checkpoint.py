@@ -31,6 +31,10 @@ class Fenced(TierfsError):
     """This node lost the filesystem to another: it writes no checkpoint."""
 
 
+class CopyFailed(TierfsError):
+    """The metadata could not be copied for a checkpoint (the cache disk is full)."""
+
+
 def checkpoint_name(seq: int) -> str:
     return f"{PREFIX}{seq:016x}"
 
@@ -126,7 +130,7 @@ class Checkpointer:
             await trio.sleep(self.interval)
             try:
                 await self.checkpoint()
-            except ColdStoreError as e:
+            except (ColdStoreError, CopyFailed) as e:
                 log.warning("metadata checkpoint failed (%s); will retry", e)
             except Fenced:
                 return
@@ -185,6 +189,10 @@ class Checkpointer:
             with engine.meta.reading_in_thread():
                 db = await trio.to_thread.run_sync(snapshot, engine.meta, self.workdir,
                                                    limiter=engine.io_limiter)
+        except OSError as e:
+            raise CopyFailed(f"metadata checkpoint {seq} failed: copying the metadata into "
+                             f"{self.workdir} failed ({e.strerror or e}): a checkpoint needs "
+                             f"room there for a copy of the metadata") from None
         finally:
             engine.meta.copy_taken()
         blob = await trio.to_thread.run_sync(pack, seq, db)
