@@ -386,8 +386,9 @@ def test_a_flood_of_control_connections_costs_the_socket_not_the_mount(mount_fac
 def test_an_offline_command_whose_bucket_fails_it_says_so_in_one_line(mount_factory, tmp_path,
                                                                       command):
     """The offline commands pass the bucket's check, then a read fails for good (here
-    each object they read is a symbolic link to itself): one line naming the bucket's
-    error, exit 1, no traceback."""
+    each object they read is a symbolic link to itself): recover says so in one line
+    naming the bucket's error, exit 1, no traceback; fsck --verify-data names the
+    object it could not check among its findings and checks the rest, exit 4."""
     m = mount_factory()
     with open(m.path("f"), "wb") as f:
         f.write(b"x" * 4096)
@@ -406,9 +407,13 @@ def test_an_offline_command_whose_bucket_fails_it_says_so_in_one_line(mount_fact
     assert found, f"no {prefix} objects in {bucket}"
     if command == "fsck":
         res = m.cli("fsck", m.cold_url, "--cache-dir", m.cache_dir, "--verify-data")
+        assert res.returncode == 4 and "Traceback" not in res.stdout + res.stderr, res
+        finding = [ln for ln in res.stdout.splitlines() if "its data was not checked" in ln]
+        assert len(finding) == 1, res.stdout
+        assert "Too many levels of symbolic links" in finding[0], finding[0]
     else:
         res = m.cli("recover", m.cold_url, "--cache-dir", str(tmp_path / "new-cache"))
-    assert_clean_error(res, "Too many levels of symbolic links")
+        assert_clean_error(res, "Too many levels of symbolic links")
 
 
 @pytest.mark.parametrize("existing", [False, True], ids=["new", "existing"])
