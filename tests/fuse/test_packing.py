@@ -56,7 +56,9 @@ def test_a_pack_of_more_files_than_the_daemon_may_open_is_uploaded(mount_factory
     used to hold a descriptor per file, failed with EMFILE on every try, and the files
     never reached the bucket (sync --wait ran into its timeout)."""
     m = mount_factory(start=False)
-    m.start(preexec_fn=fd_limit(512))
+    # Nothing is due before the sync: on a busy machine, files written over more than
+    # the upload delay would otherwise go up in several rounds, some alone.
+    m.start("--upload-delay", "3600", preexec_fn=fd_limit(512))
     assert int(open(f"/proc/{m.pid}/limits").read().split("Max open files")[1].split()[1]) == 512
     files = make_files(m, "labels", 1000, 100, 7)  # 1,000 files of 100 bytes: one pack
     res = m.cli("sync", m.mountpoint, "--wait", "--timeout", "60")
