@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import subprocess
 
 import pytest
 
@@ -180,6 +181,29 @@ def test_stale_cache_dir_is_refused_after_another_node_wrote(s3m):
     c = s3m(name="c")                              # a fresh node sees what B wrote
     assert sorted(os.listdir(c.mountpoint)) == ["from-b"]
     assert read_file(c.path("from-b")) == b_data
+
+
+def test_a_copy_of_a_cache_dir_cannot_mount_while_its_original_holds_the_lease(mount_factory):
+    """A cache dir copied to pre-warm another node (cp -a, a cloned volume) carries
+    the original's node-id. It must not pass for the original: the two would both
+    write the filesystem, each checkpointing over the other's changes."""
+    a = mount_factory(name="a", args=("--extent-size", "256K"))
+    write_file(a.path("f"), b"written by a")
+    a.umount()
+    copy = a.cache_dir.replace("a-cache", "b-cache")
+    subprocess.run(["cp", "-a", a.cache_dir, copy], check=True)
+    a.start()                                      # the original mounts again
+    b = mount_factory(cold_url=a.cold_url, name="b", start=False)
+    b.allowed_log.append("is a copy of")
+    res = b.cli("mount", b.cold_url, b.mountpoint, "--cache-dir", copy,
+                "--extent-size", "256K")
+    assert res.returncode == 1, (res.returncode, res.stdout, res.stderr)
+    err = one_line_error(res)
+    assert "copy" in err and copy in err, err
+    assert not b.mounted
+    write_file(a.path("g"), b"a still writes")
+    a.cli("sync", a.mountpoint, "--wait", check=True)  # a was not fenced nor joined
+    assert status(a)["fenced_by"] is None
 
 
 def test_an_unmount_whose_final_checkpoint_failed_keeps_the_lease(s3m, tmp_path):

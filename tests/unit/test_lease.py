@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 
 import pytest
@@ -14,6 +15,7 @@ from tierfs.cold.faulty import FaultyStore
 from tierfs.cold.memory import MemoryStore
 from tierfs.cold.retry import RetryingStore
 from tierfs.errors import ColdStoreError, ConditionalWritesUnsupported, UserError
+from tierfs.tier import lease as lease_mod
 from tierfs.tier.lease import LEASE_KEY, Lease
 from tests.harness import wait_until
 
@@ -261,3 +263,41 @@ def test_a_lease_that_lapsed_long_ago_is_taken_at_once(tmp_path):
     b = node(watched, tmp_path, "b")
     assert "took over the lease of" in b.acquire()
     assert holder(bucket) == "/mnt/b" and watched.reads == 1
+
+
+def test_a_copied_cache_dir_does_not_pass_for_its_original(tmp_path, monkeypatch):
+    """A cache dir of an older release (a node-id file alone) keeps its live lease. A
+    copy of it (cp -a: another directory; a cloned VM disk: another machine) carries
+    the node-id too, and is refused even with --force, until its place file is deleted
+    (the original is gone: it was moved, not copied)."""
+    machine = tmp_path / "product_uuid"  # the machine's DMI UUID
+    machine.write_text("4c4c4544-0001\n")
+    monkeypatch.setattr(lease_mod, "MACHINE_ID", str(machine))
+    bucket = MemoryStore()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "node-id").write_text("made-by-an-older-release\n")
+    bucket.put(LEASE_KEY, json.dumps({"node": "made-by-an-older-release", "host": "h",
+                                      "pid": 1, "cache_dir": str(tmp_path / "a"),
+                                      "mountpoint": "/mnt/a",
+                                      "expires": time.time() + 60}).encode())
+    a = Lease(bucket, str(tmp_path / "a"), "/mnt/a")
+    assert a.acquire() is None and a.renew() and not a.fenced  # its own lease, still
+
+    shutil.copytree(tmp_path / "a", tmp_path / "copy")
+    copy = Lease(bucket, str(tmp_path / "copy"), "/mnt/copy")
+    for force in (False, True):
+        with pytest.raises(UserError, match="is a copy of another node's cache dir .*"
+                                            "made in another directory"):
+            copy.acquire(force=force)
+    assert holder(bucket) == "/mnt/a" and a.renew() and not a.fenced
+
+    machine.write_text("4c4c4544-0002\n")  # a cloned VM: the same inode, another machine
+    clone = Lease(bucket, str(tmp_path / "a"), "/mnt/a")
+    with pytest.raises(UserError, match="made on another machine"):
+        clone.acquire(force=True)
+    machine.unlink()  # no DMI UUID to read (not root): the inode alone tells
+    assert Lease(bucket, str(tmp_path / "a"), "/mnt/a").acquire() is None
+
+    (tmp_path / "copy" / "node-id.place").unlink()  # moved here, not copied
+    moved = Lease(bucket, str(tmp_path / "copy"), "/mnt/copy")
+    assert moved.acquire() is None and holder(bucket) == "/mnt/copy"

@@ -42,6 +42,10 @@ TRIES = 3  # reads and conditional writes of the lease before giving up for now
 # to a live holder whose clock runs behind: it is watched for a renewal first.
 CLOCKS_MAY_DIFFER_S = 3600.0
 WATCH_POLL_S = 1.0  # how often a watched lease is read again
+# Where the node-id was made: a copy of the cache dir (cp -a, rsync, a cloned VM) carries
+# the node-id along, and must not pass for the original, which may still write.
+PLACE_FILE = "node-id.place"
+MACHINE_ID = "/sys/class/dmi/id/product_uuid"
 
 
 def node_id(cache_dir: str) -> str:
@@ -49,12 +53,66 @@ def node_id(cache_dir: str) -> str:
     path = os.path.join(cache_dir, "node-id")
     try:
         with open(path) as f:
-            return f.read().strip()
+            ident = f.read().strip()
     except FileNotFoundError:
         ident = str(uuid.uuid4())
+        _record_place(cache_dir)
         with open(path, "w") as f:
             f.write(ident + "\n")
         return ident
+    if not os.path.exists(os.path.join(cache_dir, PLACE_FILE)):
+        _record_place(cache_dir)  # a node-id made before places were recorded: its own
+    return ident
+
+
+def _place(cache_dir: str) -> dict:
+    """Where this cache dir is: its directory's inode (stable across reboots and a mv
+    within its filesystem, new for a copy) and the machine's hardware id (new for a
+    cloned VM)."""
+    return {"dir_inode": os.stat(cache_dir).st_ino, "machine": _machine_id()}
+
+
+def _machine_id() -> str | None:
+    """The machine's DMI UUID: kept across reboots and by a container image upgrade,
+    unlike /etc/machine-id, which a container has from its image."""
+    try:
+        with open(MACHINE_ID) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None  # not readable (not root) or none (no DMI): the inode alone tells
+
+
+def _record_place(cache_dir: str) -> None:
+    tmp = os.path.join(cache_dir, PLACE_FILE + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(_place(cache_dir), f)
+    os.replace(tmp, os.path.join(cache_dir, PLACE_FILE))
+
+
+def refuse_a_copy(cache_dir: str) -> None:
+    """UserError if this cache dir's node-id was made in another directory or on another
+    machine: it is a copy, and would hold the lease as the original holds it."""
+    path = os.path.join(cache_dir, PLACE_FILE)
+    try:
+        with open(path) as f:
+            made = json.load(f)
+    except FileNotFoundError:
+        return  # node_id() records it: a cache dir of an older release is its own
+    except ValueError:
+        made = {}  # damaged: taken as unknown
+    if not isinstance(made, dict):
+        made = {}
+    here = _place(cache_dir)
+    if made.get("dir_inode") not in (None, here["dir_inode"]):
+        where = "in another directory"
+    elif None not in (made.get("machine"), here["machine"]) and made["machine"] != here["machine"]:
+        where = "on another machine"
+    else:
+        return
+    raise UserError(f"cache dir {cache_dir} is a copy of another node's cache dir (its node-id "
+                    f"was made {where}), which may still write this filesystem: use an empty "
+                    f"--cache-dir; if the original is gone for good (moved here, not copied), "
+                    f"delete {path}")
 
 
 class Lease:
@@ -64,6 +122,7 @@ class Lease:
         self.ttl = ttl
         self.clock = clock  # this node's wall clock (the lease's times are the holder's)
         self.watch_poll = WATCH_POLL_S
+        self.cache_dir = cache_dir
         self.me = {"node": node_id(cache_dir), "host": socket.gethostname(), "pid": os.getpid(),
                    "cache_dir": cache_dir, "mountpoint": mountpoint}
         self.state = state or NodeState()
@@ -134,6 +193,7 @@ class Lease:
 
     def acquire(self, force: bool = False) -> str | None:
         """Take the lease (blocking). Returns a note if a lease was taken over."""
+        refuse_a_copy(self.cache_dir)  # even with --force: the copy's metadata may be stale
         for _try in range(TRIES):
             cur, version = self._read_versioned()
             self.previous = cur
