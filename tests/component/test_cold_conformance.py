@@ -340,6 +340,33 @@ def test_file_check_not_writable(tmp_path):
         root.chmod(0o755)
 
 
+def test_file_store_syncs_the_entries_of_the_directories_it_creates(tmp_path, monkeypatch):
+    """A new directory survives a power cut only once its entry in its parent is synced:
+    without that, the cold location, or a new data/ directory with every object the
+    metadata already calls uploaded, may be gone after the reboot."""
+    import tierfs.cold.file as file_store
+
+    synced = []
+
+    def fsync_dir(path):
+        synced.append(path)
+        real_fsync_dir(path)
+
+    real_fsync_dir = file_store.fsync_dir
+    monkeypatch.setattr(file_store, "fsync_dir", fsync_dir)
+    root = tmp_path / "cold"
+    store = FileStore(str(root))
+    store.check()
+    assert str(tmp_path) in synced  # the location's own entry
+    synced.clear()
+    store.put("data/00/0000000000000001", b"uploaded")
+    for created in (root / "data", root / "data" / "00"):
+        assert str(created.parent) in synced, created
+    synced.clear()
+    store.put_if("meta/lease", b"x", None)
+    assert str(root) in synced
+
+
 @pytest.mark.parametrize("key", ["", "/abs", "../x", "a//b", "a/./b", "x" + TMP_SUFFIX])
 def test_file_rejects_bad_keys(tmp_path, key):
     with pytest.raises(ValueError):

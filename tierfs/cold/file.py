@@ -37,7 +37,7 @@ class FileStore:
         directory = os.path.dirname(path)
         tmp = f"{path}.{uuid.uuid4().hex}{TMP_SUFFIX}"
         try:
-            os.makedirs(directory, exist_ok=True)
+            make_dirs_durable(directory)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
                 view = memoryview(data)
@@ -93,7 +93,7 @@ class FileStore:
         takes (processes on one machine; a network filesystem's flock may be weaker)."""
         directory = os.path.dirname(self._path(key))
         try:
-            os.makedirs(directory, exist_ok=True)
+            make_dirs_durable(directory)
             fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
         except OSError as e:
             raise self._error("put", key, e) from e
@@ -163,9 +163,7 @@ class FileStore:
                     f"create it (mkdir -p {parent}) or fix the URL"
                 )
             try:
-                os.mkdir(root)
-            except FileExistsError:
-                pass  # created concurrently; fine
+                make_dirs_durable(root)
             except OSError as e:
                 raise ColdConfigError(
                     f"cannot create cold directory {root}: {e.strerror}: check permissions on {parent}"
@@ -182,6 +180,22 @@ class FileStore:
 
     def describe(self) -> str:
         return f"file://{self.root}"
+
+
+def make_dirs_durable(path: str) -> None:
+    """os.makedirs, then fsync the parent of each directory it lacked: an object's rename
+    is synced in its directory, but a power cut could still lose a new directory (and
+    every object in it) whose own entry was never synced."""
+    missing = []
+    while not os.path.isdir(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory)
+        except FileExistsError:
+            pass  # made by another put at this moment: synced here too, to be sure
+        fsync_dir(os.path.dirname(directory))
 
 
 def fsync_dir(path: str) -> None:
