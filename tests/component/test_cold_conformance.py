@@ -367,6 +367,46 @@ def test_file_store_syncs_the_entries_of_the_directories_it_creates(tmp_path, mo
     assert str(root) in synced
 
 
+def test_file_location_under_an_unmounted_fstab_mount_point_is_refused(tmp_path, monkeypatch):
+    """The share a file:// location lives on is not mounted (yet): its empty mount point
+    directory is on the local disk, and a new filesystem made there would be hidden
+    once the share is mounted. Refused, saying which mount point to mount."""
+    import tierfs.cold.file as file_store
+
+    share = tmp_path / "share"
+    share.mkdir()
+    fstab = tmp_path / "fstab"
+    fstab.write_text(f"# a comment\n/ / ext4 defaults 0 1\n"
+                     f"nas:/export {share} nfs defaults,_netdev 0 0\n")
+    monkeypatch.setattr(file_store, "FSTAB", str(fstab))
+    for root in (share, share / "fs"):
+        with pytest.raises(ColdConfigError) as e:
+            FileStore(str(root)).check()
+        msg = str(e.value)
+        assert f"{share}, a mount point in {fstab} that is not mounted" in msg, msg
+        assert "\n" not in msg
+    assert list(share.iterdir()) == []  # nothing made on the disk beneath it
+    fstab.write_text("/ / ext4 defaults 0 1\n")  # only mounted ones: fine
+    FileStore(str(share / "fs")).check()
+
+
+def test_file_store_never_recreates_a_location_gone_after_check(tmp_path):
+    """The share under the location is unmounted while the daemon runs: an upload must
+    fail (and be retried), not land on the disk beneath, where the metadata would call
+    it uploaded and the share, once back, would not have it."""
+    share = tmp_path / "share"
+    store = FileStore(str(share / "fs"))
+    share.mkdir()
+    store.check()
+    store.put("data/1", b"on the share")
+    (share / "fs").rename(tmp_path / "elsewhere")  # the share went away
+    for put in (lambda: store.put("data/2", b"x"), lambda: store.put_if("lease.json", b"x", None)):
+        with pytest.raises(ColdStoreError, match="is it mounted") as e:
+            put()
+        assert e.value.transient
+    assert list(share.iterdir()) == []
+
+
 @pytest.mark.parametrize("key", ["", "/abs", "../x", "a//b", "a/./b", "x" + TMP_SUFFIX])
 def test_file_rejects_bad_keys(tmp_path, key):
     with pytest.raises(ValueError):

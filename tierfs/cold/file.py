@@ -9,16 +9,21 @@ import uuid
 
 from tierfs.cold.base import check_range, content_version, probe_key
 from tierfs.errors import ColdConfigError, ColdStoreError, ObjectNotFound, PreconditionFailed
+from tierfs.mount_table import unescape
 
 # put() writes "<name>.<random><TMP_SUFFIX>" then renames it; list() hides these.
 TMP_SUFFIX = ".tierfs-tmp"
 # errno values that a network filesystem may return and later recover from.
 _TRANSIENT = {errno.EIO, errno.ETIMEDOUT, errno.EAGAIN, errno.EINTR, errno.ESTALE}
+# A location under a mount point listed here that is not mounted lies on the disk
+# beneath it: what is written there is hidden once the share is mounted.
+FSTAB = "/etc/fstab"
 
 
 class FileStore:
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)
+        self.checked = False  # check() found the location (or made it)
 
     def _path(self, key: str) -> str:
         parts = key.split("/")
@@ -37,7 +42,7 @@ class FileStore:
         directory = os.path.dirname(path)
         tmp = f"{path}.{uuid.uuid4().hex}{TMP_SUFFIX}"
         try:
-            make_dirs_durable(directory)
+            self._make_dirs(key, directory)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
                 view = memoryview(data)
@@ -54,6 +59,15 @@ class FileStore:
         except BaseException:
             _unlink_quietly(tmp)
             raise
+
+    def _make_dirs(self, key: str, directory: str) -> None:
+        """Create the key's directories, but never the location check() found: one gone
+        since is a share unmounted under the daemon, and objects put on the disk beneath
+        it would be missing once the share is back."""
+        if self.checked and not os.path.isdir(self.root):
+            raise ColdStoreError(f"put '{key}' in {self.describe()} failed: the cold directory "
+                                 f"is missing: is it mounted?", transient=True)
+        make_dirs_durable(directory)
 
     def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
         check_range(offset, length)
@@ -93,7 +107,7 @@ class FileStore:
         takes (processes on one machine; a network filesystem's flock may be weaker)."""
         directory = os.path.dirname(self._path(key))
         try:
-            make_dirs_durable(directory)
+            self._make_dirs(key, directory)
             fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
         except OSError as e:
             raise self._error("put", key, e) from e
@@ -154,6 +168,11 @@ class FileStore:
     def check(self) -> None:
         root = self.root
         parent = os.path.dirname(root)
+        share = unmounted_fstab_mount_point(root)
+        if share is not None:
+            raise ColdConfigError(f"cold location {root} lies under {share}, a mount point in "
+                                  f"{FSTAB} that is not mounted: mount it (mount {share}), "
+                                  f"or fix the URL")
         if not os.path.isdir(root):
             if os.path.exists(root):
                 raise ColdConfigError(f"cold location {root} is not a directory: use a directory path in file:///abs/path")
@@ -177,9 +196,29 @@ class FileStore:
             raise ColdConfigError(f"cold directory {root} is not usable ({e}): check its permissions and free space") from e
         if not ok:
             raise ColdConfigError(f"cold directory {root} returned wrong data for a probe file: check the filesystem")
+        self.checked = True
 
     def describe(self) -> str:
         return f"file://{self.root}"
+
+
+def unmounted_fstab_mount_point(path: str) -> str | None:
+    """A mount point listed in FSTAB at or above `path` that is not mounted now."""
+    try:
+        with open(FSTAB) as f:
+            listed = [unescape(fields[1]) for fields in (line.split() for line in f)
+                      if len(fields) >= 2 and not fields[0].startswith("#")
+                      and fields[1].startswith("/")]
+        with open("/proc/self/mounts") as f:
+            mounted = {unescape(fields[1]) for fields in (line.split() for line in f)
+                       if len(fields) >= 2}
+    except OSError:
+        return None  # no fstab (a container): nothing to compare
+    real = os.path.realpath(path)
+    for mount_point in map(os.path.realpath, listed):
+        if os.path.commonpath([mount_point, real]) == mount_point and mount_point not in mounted:
+            return mount_point
+    return None
 
 
 def make_dirs_durable(path: str) -> None:
