@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import time
 
@@ -301,3 +302,32 @@ def test_a_copied_cache_dir_does_not_pass_for_its_original(tmp_path, monkeypatch
     (tmp_path / "copy" / "node-id.place").unlink()  # moved here, not copied
     moved = Lease(bucket, str(tmp_path / "copy"), "/mnt/copy")
     assert moved.acquire() is None and holder(bucket) == "/mnt/copy"
+
+
+def test_a_node_id_left_empty_by_a_power_cut_is_no_identity(tmp_path, monkeypatch):
+    """A node-id file is new on a node's first mount; a power cut soon after may leave
+    it empty. An empty identity wrote a lease naming no holder, which every other node
+    takes for a damaged one, free: a second writer then came in without --force. The
+    node-id is written durably, and an empty one is replaced by a new identity."""
+    synced = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    fresh = node(MemoryStore(), tmp_path, "fresh")
+    made = [p for p in synced if os.path.basename(p).startswith("node-id")]
+    assert fresh.me["node"] and made, synced  # the node-id written, and synced
+    assert str(tmp_path / "fresh") in synced  # and its entry in the cache dir
+
+    bucket = MemoryStore()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "node-id").write_text("")  # as a power cut leaves it
+    a = Lease(bucket, str(tmp_path / "a"), "/mnt/a")
+    assert a.acquire() is None and a.me["node"]
+    b = node(bucket, tmp_path, "b")
+    with pytest.raises(UserError, match="mounted read-write by .*/mnt/a"):
+        b.acquire()
+    assert holder(bucket) == "/mnt/a" and a.renew() and not a.fenced

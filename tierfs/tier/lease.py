@@ -55,10 +55,13 @@ def node_id(cache_dir: str) -> str:
         with open(path) as f:
             ident = f.read().strip()
     except FileNotFoundError:
+        ident = ""
+    if not ident:
+        # None yet, or left empty by a power cut (older releases did not sync it): an
+        # empty identity would write a lease naming no holder, which others take as free.
         ident = str(uuid.uuid4())
         _record_place(cache_dir)
-        with open(path, "w") as f:
-            f.write(ident + "\n")
+        _write_durably(path, ident + "\n")
         return ident
     if not os.path.exists(os.path.join(cache_dir, PLACE_FILE)):
         _record_place(cache_dir)  # a node-id made before places were recorded: its own
@@ -83,10 +86,23 @@ def _machine_id() -> str | None:
 
 
 def _record_place(cache_dir: str) -> None:
-    tmp = os.path.join(cache_dir, PLACE_FILE + ".tmp")
+    _write_durably(os.path.join(cache_dir, PLACE_FILE), json.dumps(_place(cache_dir)))
+
+
+def _write_durably(path: str, text: str) -> None:
+    """Write, sync and rename into place, then sync the directory: the file and its
+    entry survive a power cut whole, or not at all."""
+    tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(_place(cache_dir), f)
-    os.replace(tmp, os.path.join(cache_dir, PLACE_FILE))
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def refuse_a_copy(cache_dir: str) -> None:
