@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import trio
 
 import tierfs
 from tierfs.checksum import object_matches
@@ -17,7 +18,7 @@ from tierfs.meta.schema import object_name
 from tierfs.tier.checkpoint import PREFIX, checkpoint_name
 from tierfs.tier.recover import recover
 
-from .harness import KiB, engine_stack, run, settle
+from .harness import KiB, engine_stack, run, settle, until
 
 E = 64 * KiB
 
@@ -95,6 +96,38 @@ def test_a_checkpoint_that_landed_is_not_failed_by_its_pruning(tmp_path):
             s.memory.delete = delete
             third = await s.checkpointer.checkpoint()
             assert s.memory.list(PREFIX) == [checkpoint_name(third)]
+    run(body)
+
+
+def test_gc_keeps_what_a_checkpoint_names_until_its_pruning_is_done(tmp_path):
+    """Pruning an old checkpoint can fail (a bucket whose policy refuses deletes of
+    meta/): it then stays in the bucket and is kept, and recovery falls back on it if
+    the newer one is damaged. gc must not delete what it names while its delete is
+    still in flight, or that fallback finds its objects gone."""
+    async def body():
+        async with engine_stack(tmp_path, extent_size=E, cache_size=8 * E, upload_delay=0,
+                                checkpoint_every=0, checkpoint_keep=1,
+                                retry_timeout=0.2) as s:
+            ino = s.create()
+            await s.engine.write(ino, 0, b"A" * E)
+            await settle(s)
+            first = await s.checkpointer.checkpoint()
+            await s.engine.write(ino, 0, b"B" * E)  # drops the object `first` names
+            await settle(s)
+            pruning = s.gate.hold("delete", PREFIX)
+            s.faulty.refuse_deletes = (PREFIX,)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(s.checkpointer.checkpoint)
+                await until(lambda: pruning.entered, what="the pruning delete")
+                for _ in range(3):
+                    await s.gc.collect()
+                pruning.release()
+            assert checkpoint_name(first) in s.memory.list(PREFIX)
+            assert first in s.checkpointer.kept
+            for seq in s.checkpointer.kept:  # the newer one damaged: recovery takes `first`
+                if seq != first:
+                    s.memory.delete(checkpoint_name(seq))
+            assert unreadable_after_recovery(s.memory, str(tmp_path / "recovered")) == []
     run(body)
 
 

@@ -101,6 +101,9 @@ class Checkpointer:
         # lost, or the PUT abandoned), so gc keeps what they name until the next one
         # lands and prunes them.
         self._unsure: list[int] = []
+        # Checkpoints being deleted: kept for gc until the delete is done, as one that
+        # fails stays in the bucket (and kept), naming what it names.
+        self._pruning: list[int] = []
         self._lock = trio.Lock()
         # Blocking check that the filesystem is still this node's (the lease): a
         # node taken over must not put or prune checkpoints the new holder relies on.
@@ -116,7 +119,7 @@ class Checkpointer:
         # The checkpoint on its way counts as kept from the moment its epoch begins:
         # the first of a new filesystem, with nothing kept yet, must not find the
         # objects it names deleted once it lands.
-        taken = self.kept[:1] + self._unsure[:1] + (
+        taken = self.kept[:1] + self._unsure[:1] + self._pruning + (
             [self._in_flight] if self._in_flight is not None else [])
         oldest = min(taken) if taken else None
         # An object dropped in epoch e may be in checkpoints <= e: keep it until
@@ -175,11 +178,12 @@ class Checkpointer:
             except ColdStoreError as e:
                 failed.append(seq)
                 error = e
+        self._pruning = []
         if failed:
             log.warning("pruning %d old metadata checkpoints failed (%s); will retry",
                         len(failed), error)
             self.kept = sorted(failed + self.kept)
-            self._tell_gc()
+        self._tell_gc()
 
     async def _take(self, seq: int) -> int:
         """Copy the metadata, put it in the bucket, prune the oldest."""
@@ -211,6 +215,7 @@ class Checkpointer:
         self.kept.append(seq)
         old, self.kept = self.kept[:-self.keep], self.kept[-self.keep:]
         old += await self._landed_after_all()
+        self._pruning = old
         self._tell_gc()
         await self._prune(old)
         engine.stats.inc("checkpoints")
