@@ -79,3 +79,46 @@ def test_a_checkpoint_whose_header_is_damaged_but_parses_is_skipped(tmp_path, da
         assert meta.lookup(ROOT_INO, b"kept")
     finally:
         meta.close()
+
+
+class PrunedWhileRecovering:
+    """The live holder (a `tierfs dump` of a mounted filesystem reads its bucket)
+    puts a newer checkpoint and prunes the one recovery listed, just before
+    recovery's GET of it."""
+
+    def __init__(self, inner, listed: int, newer: int, blob: bytes):
+        self.inner = inner
+        self.listed, self.newer, self.blob = listed, newer, blob
+        self.pruned = False
+
+    def get(self, key, offset=0, length=None):
+        if key == checkpoint_name(self.listed) and not self.pruned:
+            self.pruned = True
+            self.inner.put(checkpoint_name(self.newer), self.blob)
+            self.inner.delete(key)
+        return self.inner.get(key, offset, length)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_checkpoint_pruned_between_listing_and_reading_it_is_not_a_failure(tmp_path):
+    """A checkpoint is pruned only once a newer one landed: recovery that finds the
+    one it listed gone reads the newer one, instead of failing as if the bucket
+    had failed."""
+    cold = MemoryStore()
+    old = MetaStore(str(tmp_path / "old"))
+    old.format(Superblock(fs_id="r", extent_size=1 << 20), 0, 0)
+    old.create_node(ROOT_INO, b"kept", stat.S_IFREG | 0o644, 0, 0)
+    db = snapshot(old, str(tmp_path))
+    old.close()
+    cold.put(checkpoint_name(1), pack(1, db))
+    cold.put(checkpoint_name(2), pack(2, db))
+
+    racing = PrunedWhileRecovering(cold, listed=2, newer=3, blob=pack(3, db))
+    meta, report = recover(racing, meta_dir(str(tmp_path / "cache")))
+    try:
+        assert report.checkpoint == 3 and report.skipped_checkpoints == []
+        assert meta.lookup(ROOT_INO, b"kept")
+    finally:
+        meta.close()

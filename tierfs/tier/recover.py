@@ -14,7 +14,7 @@ import shutil
 from dataclasses import dataclass, field, replace
 
 from ..cold.file import fsync_dir
-from ..errors import UserError
+from ..errors import ObjectNotFound, UserError
 from ..meta import MetaStore, scan
 from ..meta.schema import DIRTY, HOT, object_name
 from .checkpoint import checkpoint_name, list_checkpoints, unpack
@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 # within a lease renewal); the recovered node's ids start this far above.
 OBJECT_ID_GAP = 1 << 32
 CHECKPOINT_GAP = 1 << 16
+# Listings of the checkpoints recovery tries, when the one it listed is pruned meanwhile.
+LISTINGS = 5
 
 
 @dataclass
@@ -53,19 +55,31 @@ class RecoveryReport:
 
 
 def fetch_newest_checkpoint(cold) -> tuple[int, bytes, list[int]]:
-    seqs = list_checkpoints(cold)
-    if not seqs:
-        raise UserError(f"{cold.describe()} holds no metadata checkpoint: there is nothing "
-                        f"to recover from (was the filesystem ever synced or unmounted?)")
     skipped = []
-    for seq in reversed(seqs):
-        try:
-            _seq, db = unpack(cold.get(checkpoint_name(seq)))
-            return seq, db, skipped
-        except UserError as e:
-            log.error("checkpoint %d is damaged (%s); trying an older one", seq, e)
-            skipped.append(seq)
-    raise UserError(f"every metadata checkpoint in {cold.describe()} is damaged")
+    for _listing in range(LISTINGS):
+        seqs = list_checkpoints(cold)
+        if not seqs:
+            raise UserError(f"{cold.describe()} holds no metadata checkpoint: there is "
+                            f"nothing to recover from (was the filesystem ever synced or "
+                            f"unmounted?)")
+        for seq in reversed(seqs):
+            if seq in skipped:
+                continue
+            try:
+                _seq, db = unpack(cold.get(checkpoint_name(seq)))
+                return seq, db, skipped
+            except ObjectNotFound:
+                # Pruned since the listing by a live holder (read by `tierfs dump`),
+                # which prunes only once a newer one landed: list again.
+                log.info("checkpoint %d was pruned meanwhile; listing again", seq)
+                break
+            except UserError as e:
+                log.error("checkpoint %d is damaged (%s); trying an older one", seq, e)
+                skipped.append(seq)
+        else:
+            raise UserError(f"every metadata checkpoint in {cold.describe()} is damaged")
+    raise UserError(f"the metadata checkpoints in {cold.describe()} were pruned as fast as "
+                    f"they were read: is a node writing them every moment? Try again")
 
 
 def recover(cold, meta_dir: str) -> tuple[MetaStore, RecoveryReport]:
