@@ -12,6 +12,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -118,6 +119,31 @@ def test_round_trip(store, n):
     store.put(KEY, data)
     assert store.get(KEY) == data
     assert store.size(KEY) == n
+
+
+@pytest.mark.parametrize("n", [0, 1, 3 * MiB + 5])
+def test_put_file_and_get_file_round_trip(store, tmp_path, n):
+    """Objects as large as the metadata (checkpoints) move between the bucket and a
+    local file in pieces: put_file sends the file from its position, get_file writes
+    the object from an offset, and both give what put and get would."""
+    data = payload(n, seed=n)
+    src = tmp_path / "src"
+    src.write_bytes(b"skipped" + data)
+    with open(src, "rb") as f:
+        f.seek(len(b"skipped"))
+        store.put_file(KEY, f)
+    assert store.get(KEY) == data
+    with open(tmp_path / "dst", "w+b") as f:
+        f.write(b"kept")
+        assert store.get_file(KEY, f) == n
+        assert store.get_file(KEY, f, 2) == max(0, n - 2)
+        assert store.get_file(KEY, f, n + 10) == 0
+    assert (tmp_path / "dst").read_bytes() == b"kept" + data + data[2:]
+
+
+def test_get_file_of_missing_raises_not_found(store, tmp_path):
+    with open(tmp_path / "dst", "wb") as f, pytest.raises(ObjectNotFound):
+        store.get_file("data/missing", f)
 
 
 def test_ranged_get(store):
@@ -616,6 +642,10 @@ def test_s3_ranged_get_through_a_middlebox_that_drops_the_range(moto_endpoint, b
         assert s3.get(KEY, 1000) == data[1000:]
         assert s3.get(KEY, 1000, 100) == data[1000:]
         assert s3.get(KEY, 5000, 10) == b""
+        with tempfile.TemporaryFile() as f:  # a checkpoint's LMDB file, after its header
+            assert s3.get_file(KEY, f, 1000) == 24
+            f.seek(0)
+            assert f.read() == data[1000:]
 
 
 def test_s3_get_of_a_trickling_body_is_bounded(moto_endpoint, bucket):

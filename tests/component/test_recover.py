@@ -11,8 +11,18 @@ from tierfs.errors import ColdStoreError
 from tierfs.filesystem import has_metadata, meta_dir
 from tierfs.meta import MetaStore
 from tierfs.meta.schema import ROOT_INO, Superblock
-from tierfs.tier.checkpoint import checkpoint_name, pack, snapshot
+from tierfs.tier.checkpoint import checkpoint_name, pack, remove_copy, snapshot
 from tierfs.tier.recover import recover
+
+
+def copy_of(meta: MetaStore, workdir: str) -> bytes:
+    """The LMDB file a checkpoint of `meta` holds."""
+    path = snapshot(meta, workdir)
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    finally:
+        remove_copy(path)
 
 
 class DataListingFails:
@@ -38,7 +48,7 @@ def test_a_recovery_that_fails_halfway_leaves_no_metadata_behind(tmp_path):
     old = MetaStore(str(tmp_path / "old"))
     old.format(Superblock(fs_id="r", extent_size=1 << 20), 0, 0)
     old.create_node(ROOT_INO, b"kept", stat.S_IFREG | 0o644, 0, 0)
-    cold.put(checkpoint_name(1), pack(1, snapshot(old, str(tmp_path))))
+    cold.put(checkpoint_name(1), pack(1, copy_of(old, str(tmp_path))))
     old.close()
 
     cache = tmp_path / "cache"
@@ -66,7 +76,7 @@ def test_a_checkpoint_whose_header_is_damaged_but_parses_is_skipped(tmp_path, da
     old = MetaStore(str(tmp_path / "old"))
     old.format(Superblock(fs_id="r", extent_size=1 << 20), 0, 0)
     old.create_node(ROOT_INO, b"kept", stat.S_IFREG | 0o644, 0, 0)
-    db = snapshot(old, str(tmp_path))
+    db = copy_of(old, str(tmp_path))
     old.close()
     cold.put(checkpoint_name(1), pack(1, db))
     newest = pack(2, db)
@@ -110,7 +120,7 @@ def test_a_checkpoint_pruned_between_listing_and_reading_it_is_not_a_failure(tmp
     old = MetaStore(str(tmp_path / "old"))
     old.format(Superblock(fs_id="r", extent_size=1 << 20), 0, 0)
     old.create_node(ROOT_INO, b"kept", stat.S_IFREG | 0o644, 0, 0)
-    db = snapshot(old, str(tmp_path))
+    db = copy_of(old, str(tmp_path))
     old.close()
     cold.put(checkpoint_name(1), pack(1, db))
     cold.put(checkpoint_name(2), pack(2, db))

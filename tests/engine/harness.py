@@ -96,6 +96,14 @@ class Gate:
         self._pass("get", key)
         return self.inner.get(key, offset, length)
 
+    def put_file(self, key, f):
+        self._pass("put", key)
+        self.inner.put_file(key, f)
+
+    def get_file(self, key, f, offset=0):
+        self._pass("get", key)
+        return self.inner.get_file(key, f, offset)
+
     def delete(self, key):
         self._pass("delete", key)
         self.inner.delete(key)
@@ -272,7 +280,8 @@ async def engine_stack(tmp_path, *, extent_size: int, cache_size: int, upload_de
                        upload_parallel: int = 4, gc_interval: float = 0.05,
                        checkpoint_every: float = 0.25, checkpoint_keep: int = 2,
                        allowed_errors: tuple[str, ...] = (), pack_below: int = 0,
-                       pack_size: int = 64 << 20, compact_dead: float = 1.0):
+                       pack_size: int = 64 << 20, compact_dead: float = 1.0,
+                       bucket=None):
     """The engine stack of Daemon.prepare + Daemon._background, FUSE-free.
 
     faults: FaultyStore attributes (fail_rate, latency_s, ...) set once the stack
@@ -281,9 +290,10 @@ async def engine_stack(tmp_path, *, extent_size: int, cache_size: int, upload_de
     logged an ERROR (a swallowed exception in the uploader, a lost hot file...)
     that contains none of `allowed_errors`. pack_below, pack_size: the uploader's
     packing of small files (off unless asked for); compact_dead: compaction of packs
-    this dead (1: none), every 50 ms, unbounded rate."""
+    this dead (1: none), every 50 ms, unbounded rate. bucket: the store under the
+    faults (a MemoryStore unless given; Stack.memory either way)."""
     tmp = str(tmp_path)
-    memory = MemoryStore()
+    memory = MemoryStore() if bucket is None else bucket
     faulty = FaultyStore(memory, seed=seed)
     gate = Gate(faulty)
     cold = RetryingStore(gate, timeout=retry_timeout, base=0.005, cap=0.05) \

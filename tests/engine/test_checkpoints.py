@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
+import tracemalloc
 
 import pytest
 import trio
 
 import tierfs
 from tierfs.checksum import object_matches
+from tierfs.cold.file import FileStore
 from tierfs.errors import ColdStoreError
 from tierfs.meta import scan
-from tierfs.meta.schema import object_name
+from tierfs.meta.schema import ROOT_INO, object_name
 from tierfs.tier.checkpoint import PREFIX, checkpoint_name
 from tierfs.tier.recover import recover
 
@@ -129,6 +132,42 @@ def test_gc_keeps_what_a_checkpoint_names_until_its_pruning_is_done(tmp_path):
                     s.memory.delete(checkpoint_name(seq))
             assert unreadable_after_recovery(s.memory, str(tmp_path / "recovered")) == []
     run(body)
+
+
+def test_a_checkpoint_and_a_recovery_hold_no_whole_copy_of_the_metadata_in_memory(tmp_path):
+    """A namespace of millions of small files has an LMDB file of hundreds of MiB
+    (about 500 bytes a file: scripts/bench_checkpoint_memory.py). A checkpoint and a
+    recovery move it between the cache dir and the bucket in pieces: neither may
+    hold a copy of it in memory (the daemon's whole budget is about 300 MiB)."""
+    FILES = 50_000  # about 19 MB of LMDB, far above the pieces moved (1 MiB)
+    bucket = FileStore(str(tmp_path / "bucket"))
+    bucket.check()
+
+    async def checkpoint_peak():
+        async with engine_stack(tmp_path, extent_size=E, cache_size=8 * E, upload_delay=0,
+                                checkpoint_every=0, bucket=bucket) as s:
+            for i in range(FILES):
+                s.meta.create_node(ROOT_INO, b"file-%06d" % i, stat.S_IFREG | 0o644, 0, 0)
+            tracemalloc.start()
+            try:
+                return await s.checkpointer.checkpoint(), tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+    seq, peak = run(checkpoint_peak)
+    size = bucket.size(checkpoint_name(seq))
+    assert peak < size / 4, f"a checkpoint of {size} bytes took {peak} bytes of memory"
+
+    tracemalloc.start()
+    try:
+        meta, report = recover(bucket, str(tmp_path / "recovered"))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    try:
+        assert report.checkpoint == seq and report.files == FILES + 1
+    finally:
+        meta.close()
+    assert peak < size / 4, f"a recovery from {size} bytes took {peak} bytes of memory"
 
 
 TREE = os.path.dirname(os.path.dirname(tierfs.__file__))  # for the child process

@@ -12,6 +12,8 @@ from typing import Protocol, runtime_checkable
 
 import xxhash
 
+# put_file and get_file move objects in pieces of this size.
+FILE_PIECE = 1 << 20
 # Keys written and removed by check() to prove the store is writable start with this.
 PROBE_KEY = ".tierfs-probe"
 
@@ -33,6 +35,16 @@ class ObjectStore(Protocol):
         Raises ObjectNotFound if the key is missing; reading past the end
         returns whatever bytes exist, possibly b''.
         """
+
+    def put_file(self, key: str, f) -> None:
+        """Store the rest of the seekable binary file object `f` (from its position to
+        its end) as put does, read in pieces: an object as large as the metadata is
+        never held in memory whole."""
+
+    def get_file(self, key: str, f, offset: int = 0) -> int:
+        """Write the object's bytes from `offset` to its end into the binary file
+        object `f` (at its position), in pieces; how many. Raises ObjectNotFound if
+        the key is missing."""
 
     def get_versioned(self, key: str) -> tuple[bytes, str]:
         """The whole object and its version: an opaque tag that changes whenever the

@@ -80,6 +80,21 @@ class FaultyStore:
             data = bytes(flipped)
         return data
 
+    def put_file(self, key: str, f) -> None:
+        if key.startswith(self.puts_land_late):
+            self.put(key, f.read())
+            return
+        self._enter("put")
+        self.inner.put_file(key, f)
+
+    def get_file(self, key: str, f, offset: int = 0) -> int:
+        if key in self.corrupt_keys or key.startswith(self.refuse_gets):
+            data = self.get(key, offset)  # with get's faults
+            f.write(data)
+            return len(data)
+        self._enter("get")
+        return self.inner.get_file(key, f, offset)
+
     def get_versioned(self, key: str) -> tuple[bytes, str]:
         self._enter("get")
         return self.inner.get_versioned(key)

@@ -7,7 +7,7 @@ import os
 import stat
 import uuid
 
-from tierfs.cold.base import check_range, content_version, probe_key
+from tierfs.cold.base import FILE_PIECE, check_range, content_version, probe_key
 from tierfs.errors import ColdConfigError, ColdStoreError, ObjectNotFound, PreconditionFailed
 from tierfs.mount_table import unescape
 
@@ -38,6 +38,16 @@ class FileStore:
         )
 
     def put(self, key: str, data: bytes) -> None:
+        self._put(key, lambda fd: _write_all(fd, data))
+
+    def put_file(self, key: str, f) -> None:
+        def copy(fd: int) -> None:
+            while piece := f.read(FILE_PIECE):
+                _write_all(fd, piece)
+        self._put(key, copy)
+
+    def _put(self, key: str, write) -> None:
+        """write(fd) fills a temporary file, renamed to the key once synced."""
         path = self._path(key)
         directory = os.path.dirname(path)
         tmp = f"{path}.{uuid.uuid4().hex}{TMP_SUFFIX}"
@@ -45,9 +55,7 @@ class FileStore:
             self._make_dirs(key, directory)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
+                write(fd)
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -70,6 +78,17 @@ class FileStore:
         make_dirs_durable(directory)
 
     def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+        chunks = []
+        self._get(key, offset, length, chunks.append)
+        return b"".join(chunks)
+
+    def get_file(self, key: str, f, offset: int = 0) -> int:
+        return self._get(key, offset, None, f.write, FILE_PIECE)
+
+    def _get(self, key: str, offset: int, length: int | None, out, piece: int | None = None
+             ) -> int:
+        """Hand [offset, offset+length) to out() in pieces (of at most `piece`
+        bytes); how many bytes."""
         check_range(offset, length)
         path = self._path(key)
         try:
@@ -82,15 +101,14 @@ class FileStore:
             end = os.fstat(fd).st_size
             if length is not None:
                 end = min(end, offset + length)
-            chunks = []
             pos = offset
             while pos < end:  # pread may return short counts on huge reads
-                chunk = os.pread(fd, end - pos, pos)
+                chunk = os.pread(fd, min(end - pos, piece or end), pos)
                 if not chunk:
                     break
-                chunks.append(chunk)
+                out(chunk)
                 pos += len(chunk)
-            return b"".join(chunks)
+            return max(0, pos - offset)
         except IsADirectoryError as e:
             raise ObjectNotFound(f"object '{key}' not found in {self.describe()}") from e
         except OSError as e:
@@ -243,6 +261,12 @@ def fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _write_all(fd: int, data) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _unlink_quietly(path: str) -> None:

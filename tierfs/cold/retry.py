@@ -27,14 +27,14 @@ class RetryingStore:
         self.cap = cap
         self._rng = random.Random()
 
-    def _call(self, op: str, *args, timeout: float | None = None):
+    def _call(self, op: str, *args, timeout: float | None = None, call=None):
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         attempt = 0
         while True:
             try:
                 if self.stats:
                     self.stats.inc(f"s3_requests:{op}")
-                return getattr(self.inner, op)(*args)
+                return (call or getattr(self.inner, op))(*args)
             except (ObjectNotFound, PreconditionFailed) as e:
                 # An answer, not an error: every first mount asks for a superblock, a
                 # lease and checkpoints that are not there yet; a conditional write
@@ -63,6 +63,23 @@ class RetryingStore:
     def get(self, key: str, offset: int = 0, length: int | None = None,
             timeout: float | None = None) -> bytes:
         return self._call("get", key, offset, length, timeout=timeout)
+
+    def put_file(self, key: str, f) -> None:
+        start = f.tell()
+
+        def from_start(key, f):  # a retry sends the whole object again
+            f.seek(start)
+            self.inner.put_file(key, f)
+        self._call("put", key, f, call=from_start)
+
+    def get_file(self, key: str, f, offset: int = 0) -> int:
+        start = f.tell()
+
+        def from_start(key, f, offset):  # a retry writes the whole object again
+            f.seek(start)
+            f.truncate(start)
+            return self.inner.get_file(key, f, offset)
+        return self._call("get", key, f, offset, call=from_start)
 
     def get_versioned(self, key: str) -> tuple[bytes, str]:
         return self._call("get_versioned", key)

@@ -350,21 +350,26 @@ class S3Store:
                 f"network is too slow (raise --cold-timeout if it is expected)",
                 transient=True) from cause
 
-    def _read_body(self, resp, key: str, started: float) -> bytes | bytearray:
+    def _read_body(self, resp, key: str, started: float, into=None, skip: int = 0):
         """A GET's whole body (a bytearray where read in pieces), or a transient error
         once the GET runs past its deadline (a stalled server or network must not hold a
-        thread and an S3 slot for ever)."""
+        thread and an S3 slot for ever). With `into`, a file: the body goes there in
+        pieces (its first `skip` bytes dropped) and the count written is returned."""
         body, size = resp["Body"], resp.get("ContentLength")
         # urllib3's response under botocore's body: its read1() returns what has arrived.
         raw = getattr(body, "_raw_stream", None)
         if size is None or not hasattr(raw, "read1"):
-            return body.read()  # no length to read to (S3 always sends one), or no read1
+            if into is None:
+                return body.read()  # no length to read to (S3 always sends one), or no read1
+            data = body.read()[skip:]
+            into.write(data)
+            return len(data)
         limit = self.get_timeout + size / MIN_GET_RATE
         deadline = started + limit
         # One buffer of the body's size, filled as pieces arrive: gathering the pieces
         # and joining them touched every page twice (a page fault each, above the
         # daemon's mmap threshold), and made a 4 MiB GET cost 40% more CPU.
-        buf, got = bytearray(size), 0
+        buf, got = (bytearray(size) if into is None else None), 0
         try:
             while got < size:
                 if time.monotonic() > deadline:
@@ -378,12 +383,15 @@ class S3Store:
                     raise ColdStoreError(
                         f"get s3://{self.bucket}/{self._key(key)} failed: the connection "
                         f"closed after {got} of {size} bytes", transient=True)
-                buf[got:got + len(chunk)] = chunk
+                if buf is not None:
+                    buf[got:got + len(chunk)] = chunk
+                elif got + len(chunk) > skip:
+                    into.write(chunk[max(0, skip - got):])
                 got += len(chunk)
         except urllib3.exceptions.HTTPError as e:  # a read timeout, a reset
             raise ColdStoreError(f"get s3://{self.bucket}/{self._key(key)} failed: {e}",
                                  transient=True) from e
-        return buf
+        return buf if buf is not None else max(0, size - skip)
 
     def _missing_bucket(self) -> str:
         return (
@@ -401,6 +409,36 @@ class S3Store:
                 self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=body)
         except (bce.BotoCoreError, bce.ClientError) as e:
             raise self._error(e, "put", key) from e
+
+    def put_file(self, key: str, f) -> None:
+        start = f.tell()
+        size = f.seek(0, os.SEEK_END) - start
+        f.seek(start)
+        try:
+            # One PutObject streamed from the file (botocore reads it in pieces).
+            with self._bounded("put", key, size):
+                self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=f,
+                                        ContentLength=size)
+        except (bce.BotoCoreError, bce.ClientError) as e:
+            raise self._error(e, "put", key) from e
+
+    def get_file(self, key: str, f, offset: int = 0) -> int:
+        args = {"Bucket": self.bucket, "Key": self._key(key)}
+        if offset:
+            args["Range"] = f"bytes={offset}-"
+        try:
+            started = time.monotonic()
+            with self._bounded("get", key):
+                resp = self._client.get_object(**args)
+            skip = offset if "Range" in args and \
+                resp["ResponseMetadata"]["HTTPStatusCode"] == 200 else 0  # Range ignored
+            return self._read_body(resp, key, started, into=f, skip=skip)
+        except bce.ClientError as e:
+            if e.response.get("Error", {}).get("Code") == "InvalidRange":
+                return 0  # offset at or after the end
+            raise self._error(e, "get", key) from e
+        except bce.BotoCoreError as e:
+            raise self._error(e, "get", key) from e
 
     def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
         check_range(offset, length)

@@ -37,6 +37,23 @@ def extents(store) -> Iterator[tuple[int, int, Extent]]:
         yield ino, idx, Extent.decode(val)
 
 
+def extent_batches(store, size: int = 10_000) -> Iterator[list[tuple[int, int, Extent]]]:
+    """Every extent, in batches of `size`, each read in a transaction of its own: the
+    caller may write between batches, and never holds more than one in memory."""
+    start, end = b"E", prefix_end(b"E")
+    while True:
+        with store.kv.read() as txn:
+            batch = []
+            for key, val in store.kv.scan(txn, start, end):
+                batch.append((*s.split_extent_key(key), Extent.decode(val)))
+                if len(batch) == size:
+                    break
+        if not batch:
+            return
+        yield batch
+        start = s.extent_key(batch[-1][0], batch[-1][1]) + b"\0"
+
+
 def packs(store) -> Iterator[tuple[int, Pack]]:
     for key, val in _scan(store, b"P"):
         yield s.read_u64(key, 1), Pack.decode(val)
@@ -46,6 +63,32 @@ def refs(store) -> Iterator[tuple[int, Ref]]:
     """(pack id, reference) of every live reference into a pack."""
     for key, val in _scan(store, b"R"):
         yield s.read_u64(key, 1), Ref.decode(key, val)
+
+
+def paths_of(store, inos) -> dict[int, str]:
+    """A path for each of `inos` (as paths() names them), holding in memory only the
+    names on their way up: one pass over the dentries per level of the tree."""
+    parent_of: dict[int, tuple[int, bytes]] = {}
+    wanted = set(inos) - {s.ROOT_INO}
+    while wanted:
+        for parent, name, child, _cookie in dentries(store):
+            if child in wanted:
+                parent_of.setdefault(child, (parent, name))
+        wanted = {parent_of[i][0] for i in wanted if i in parent_of} - set(parent_of) \
+            - {s.ROOT_INO}
+    out = {s.ROOT_INO: "/"}
+    for ino in inos:
+        chain, cur = [], ino
+        while cur not in out and cur in parent_of and len(chain) <= len(parent_of):
+            chain.append(cur)
+            cur = parent_of[cur][0]
+        base = out.get(cur)
+        for node in reversed(chain):
+            if base is None:
+                out[node] = f"<unreachable inode {node}>"
+                continue
+            base = out[node] = base.rstrip("/") + "/" + parent_of[node][1].decode(errors="replace")
+    return out
 
 
 def paths(store) -> dict[int, str]:

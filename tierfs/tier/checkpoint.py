@@ -9,6 +9,7 @@ followed by the LMDB file.
 """
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -17,8 +18,10 @@ import tempfile
 import time
 
 import trio
+import xxhash
 
 from ..checksum import xxh3
+from ..cold.base import FILE_PIECE
 from ..errors import ColdStoreError, TierfsError, UserError
 
 log = logging.getLogger(__name__)
@@ -50,24 +53,100 @@ def list_checkpoints(cold) -> list[int]:
     return sorted(out)
 
 
+HEADER_MAX = 4096  # a header line is under 100 bytes: more is a damaged checkpoint
+
+
+def header(seq: int, size: int, digest: int) -> bytes:
+    return json.dumps({"seq": seq, "size": size, "xxh3": digest}).encode() + b"\n"
+
+
 def pack(seq: int, db: bytes) -> bytes:
-    header = json.dumps({"seq": seq, "size": len(db), "xxh3": xxh3(db)}).encode()
-    return header + b"\n" + db
+    return header(seq, len(db), xxh3(db)) + db
 
 
-def unpack(blob: bytes) -> tuple[int, bytes]:
-    """(seq, LMDB file bytes) of a checkpoint; raises UserError if damaged."""
-    head, _, db = blob.partition(b"\n")
+def parse_header(head: bytes) -> tuple[dict, int]:
+    """The header of a checkpoint that starts with `head`, and where its LMDB file
+    starts; raises UserError if damaged."""
+    line, newline, _ = head.partition(b"\n")
     try:
-        meta = json.loads(head)
+        meta = json.loads(line) if newline else None
     except ValueError:
         meta = None
     # A damaged header may still parse (a flipped byte in a key): damaged all the same.
     if not isinstance(meta, dict) or not {"seq", "size", "xxh3"} <= meta.keys():
         raise UserError("checkpoint header is damaged")
-    if len(db) != meta["size"] or xxh3(db) != meta["xxh3"]:
+    return meta, len(line) + 1
+
+
+def file_digest(path: str) -> tuple[int, int]:
+    """(size, xxh3) of a file, read in pieces (blocking)."""
+    h, size = xxhash.xxh3_64(), 0
+    with open(path, "rb") as f:
+        while piece := f.read(FILE_PIECE):
+            h.update(piece)
+            size += len(piece)
+    return size, h.intdigest()
+
+
+class _HeaderThen(io.RawIOBase):
+    """A checkpoint as a seekable file to upload: its header, then the LMDB copy
+    (read from the file as sent, never held in memory whole)."""
+
+    def __init__(self, head: bytes, f):
+        self.head, self.f = head, f
+        self.size = len(head) + os.fstat(f.fileno()).st_size
+        self.pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, pos: int, whence: int = os.SEEK_SET) -> int:
+        self.pos = {os.SEEK_SET: 0, os.SEEK_CUR: self.pos, os.SEEK_END: self.size}[whence] + pos
+        return self.pos
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.size - self.pos if n is None or n < 0 else min(n, self.size - self.pos)
+        if n <= 0:
+            return b""
+        out = self.head[self.pos:self.pos + n]
+        if len(out) < n:
+            self.f.seek(self.pos + len(out) - len(self.head))
+            out += self.f.read(n - len(out))
+        self.pos += len(out)
+        return out
+
+    def readinto(self, b) -> int:
+        data = self.read(len(b))
+        b[:len(data)] = data
+        return len(data)
+
+
+def put_checkpoint(cold, seq: int, path: str) -> int:
+    """Put the LMDB copy at `path` in the bucket as checkpoint `seq`, streamed from
+    the file (blocking); its size."""
+    size, digest = file_digest(path)
+    with open(path, "rb") as f:
+        cold.put_file(checkpoint_name(seq), _HeaderThen(header(seq, size, digest), f))
+    return size
+
+
+def get_checkpoint(cold, seq: int, path: str) -> None:
+    """Write checkpoint `seq`'s LMDB file to `path`, streamed, synced and verified
+    (blocking); raises UserError if damaged, ObjectNotFound if it is gone."""
+    name = checkpoint_name(seq)
+    meta, start = parse_header(cold.get(name, 0, HEADER_MAX))
+    with open(path, "wb") as f:
+        cold.get_file(name, f, start)
+        f.flush()
+        os.fsync(f.fileno())
+    if file_digest(path) != (meta["size"], meta["xxh3"]):
         raise UserError(f"checkpoint {meta.get('seq')} failed its checksum")
-    return meta["seq"], db
 
 
 def remove_left_copies(workdir: str) -> None:
@@ -79,14 +158,19 @@ def remove_left_copies(workdir: str) -> None:
             shutil.rmtree(entry.path, ignore_errors=True)
 
 
-def snapshot(meta_store, workdir: str) -> bytes:
-    """A consistent, compacted copy of the LMDB file (blocking: run in a thread)."""
+def snapshot(meta_store, workdir: str) -> str:
+    """A consistent, compacted copy of the LMDB file, in a directory of its own in
+    `workdir` (blocking: run in a thread); its path. Remove it with remove_copy."""
     tmp = tempfile.mkdtemp(prefix=COPY_PREFIX, dir=workdir)
     try:
-        with open(meta_store.kv.copy_to(tmp), "rb") as f:
-            return f.read()
-    finally:
+        return meta_store.kv.copy_to(tmp)
+    except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def remove_copy(path: str) -> None:
+    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
 class Checkpointer:
@@ -191,27 +275,20 @@ class Checkpointer:
         t0 = time.monotonic()
         try:
             with engine.meta.reading_in_thread():
-                db = await trio.to_thread.run_sync(snapshot, engine.meta, self.workdir,
-                                                   limiter=engine.io_limiter)
+                copy = await trio.to_thread.run_sync(snapshot, engine.meta, self.workdir,
+                                                     limiter=engine.io_limiter)
         except OSError as e:
             raise CopyFailed(f"metadata checkpoint {seq} failed: copying the metadata into "
                              f"{self.workdir} failed ({e.strerror or e}): a checkpoint needs "
                              f"room there for a copy of the metadata") from None
         finally:
             engine.meta.copy_taken()
-        blob = await trio.to_thread.run_sync(pack, seq, db)
-        if not await trio.to_thread.run_sync(self.still_ours, abandon_on_cancel=True):
-            raise Fenced("taken over: no more checkpoints from this node")
-        # The local metadata goes to disk first (LMDB commits without fsync): after
-        # a power cut it must not be older than a checkpoint in the bucket, whose
-        # objects its counters would then hand out again.
-        await engine.meta_sync.commits_so_far()
         try:
-            await trio.to_thread.run_sync(engine.cold.put, checkpoint_name(seq), blob,
-                                          limiter=engine.s3_limiter, abandon_on_cancel=True)
-        except BaseException:
-            self._unsure.append(seq)
-            raise
+            size = await self._put(seq, copy)
+        finally:
+            # Also when cancelled: the copy is as large as the metadata.
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(remove_copy, copy, limiter=engine.io_limiter)
         self.kept.append(seq)
         old, self.kept = self.kept[:-self.keep], self.kept[-self.keep:]
         old += await self._landed_after_all()
@@ -219,6 +296,27 @@ class Checkpointer:
         self._tell_gc()
         await self._prune(old)
         engine.stats.inc("checkpoints")
-        log.info("metadata checkpoint %d: %d bytes in %.2fs", seq, len(db),
+        log.info("metadata checkpoint %d: %d bytes in %.2fs", seq, size,
                  time.monotonic() - t0)
         return seq
+
+    async def _put(self, seq: int, copy: str) -> int:
+        """Put the copy in the bucket, streamed from the file; its size."""
+        engine = self.engine
+        if not await trio.to_thread.run_sync(self.still_ours, abandon_on_cancel=True):
+            raise Fenced("taken over: no more checkpoints from this node")
+        # The local metadata goes to disk first (LMDB commits without fsync): after
+        # a power cut it must not be older than a checkpoint in the bucket, whose
+        # objects its counters would then hand out again.
+        await engine.meta_sync.commits_so_far()
+        try:
+            return await trio.to_thread.run_sync(put_checkpoint, engine.cold, seq, copy,
+                                                 limiter=engine.s3_limiter,
+                                                 abandon_on_cancel=True)
+        except OSError as e:  # reading the copy back
+            self._unsure.append(seq)
+            raise CopyFailed(f"metadata checkpoint {seq} failed: reading its copy in "
+                             f"{self.workdir} failed ({e.strerror or e})") from None
+        except BaseException:
+            self._unsure.append(seq)
+            raise

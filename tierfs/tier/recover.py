@@ -17,7 +17,7 @@ from ..cold.file import fsync_dir
 from ..errors import ObjectNotFound, UserError
 from ..meta import MetaStore, scan
 from ..meta.schema import DIRTY, HOT, object_name
-from .checkpoint import checkpoint_name, list_checkpoints, unpack
+from .checkpoint import get_checkpoint, list_checkpoints
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,9 @@ class RecoveryReport:
         return out
 
 
-def fetch_newest_checkpoint(cold) -> tuple[int, bytes, list[int]]:
+def fetch_newest_checkpoint(cold, path: str) -> tuple[int, list[int]]:
+    """Write the newest valid checkpoint's LMDB file to `path` (streamed: never
+    whole in memory); its sequence number and the damaged ones skipped."""
     skipped = []
     for _listing in range(LISTINGS):
         seqs = list_checkpoints(cold)
@@ -66,8 +68,8 @@ def fetch_newest_checkpoint(cold) -> tuple[int, bytes, list[int]]:
             if seq in skipped:
                 continue
             try:
-                _seq, db = unpack(cold.get(checkpoint_name(seq)))
-                return seq, db, skipped
+                get_checkpoint(cold, seq, path)
+                return seq, skipped
             except ObjectNotFound:
                 # Pruned since the listing by a live holder (read by `tierfs dump`),
                 # which prunes only once a newer one landed: list again.
@@ -87,14 +89,14 @@ def recover(cold, meta_dir: str) -> tuple[MetaStore, RecoveryReport]:
     must hold none) and make it consistent for this node (no hot data). It is built
     in a directory of its own and renamed into place once whole: a recovery killed
     halfway leaves no metadata that a next mount would take as recovered."""
-    seq, db, skipped = fetch_newest_checkpoint(cold)
     building = meta_dir + ".recovering"
     shutil.rmtree(building, ignore_errors=True)  # what a killed recovery left
     os.makedirs(building)
-    with open(os.path.join(building, "data.mdb"), "wb") as f:
-        f.write(db)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        seq, skipped = fetch_newest_checkpoint(cold, os.path.join(building, "data.mdb"))
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
     meta = MetaStore(building)
     try:
         report = _make_consistent(cold, meta, seq, skipped)
@@ -111,17 +113,20 @@ def _make_consistent(cold, meta: MetaStore, seq: int, skipped: list) -> Recovery
     objects it uploaded after the checkpoint to gc, and move the counters past
     anything it may have used."""
     report = RecoveryReport(checkpoint=seq, skipped_checkpoints=skipped)
-    lost, reverted, fixes, gc_ids = set(), set(), {}, []
-    for ino, idx, ext in scan.extents(meta):
-        if ext.dirty and ext.obj_id:
-            reverted.add(ino)
-            fixes[(ino, idx)] = replace(ext, flags=ext.flags & ~(HOT | DIRTY))
-        elif ext.dirty:
-            lost.add(ino)
-            fixes[(ino, idx)] = None
-        elif ext.hot:
-            fixes[(ino, idx)] = replace(ext, flags=ext.flags & ~HOT)
-    meta.update(None, fixes)
+    lost, reverted, gc_ids = set(), set(), []
+    # In batches: a dead node's hot extents may be millions.
+    for batch in scan.extent_batches(meta):
+        fixes = {}
+        for ino, idx, ext in batch:
+            if ext.dirty and ext.obj_id:
+                reverted.add(ino)
+                fixes[(ino, idx)] = replace(ext, flags=ext.flags & ~(HOT | DIRTY))
+            elif ext.dirty:
+                lost.add(ino)
+                fixes[(ino, idx)] = None
+            elif ext.hot:
+                fixes[(ino, idx)] = replace(ext, flags=ext.flags & ~HOT)
+        meta.update(None, fixes)
     for ino in meta.orphans():  # were open on the dead node; nobody holds them now
         meta.purge_orphan(ino)
     # Objects the dead node uploaded after this checkpoint: nothing references them.
@@ -143,7 +148,7 @@ def _make_consistent(cold, meta: MetaStore, seq: int, skipped: list) -> Recovery
     # put while being taken over), or recovery and pruning would pick its stale ones.
     meta.raise_epoch(max(list_checkpoints(cold), default=seq) + CHECKPOINT_GAP)
     meta.sync()
-    names = scan.paths(meta)
+    names = scan.paths_of(meta, lost | reverted)  # not every file's: millions
     report.files = sum(1 for _ in scan.inodes(meta))
     report.lost = sorted(names.get(i, f"<inode {i}>") for i in lost)
     report.reverted = sorted(names.get(i, f"<inode {i}>") for i in reverted - lost)
