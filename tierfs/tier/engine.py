@@ -909,6 +909,7 @@ class Engine:
                     filled.append(idx)
                 pos += n
         except BaseException:
+            self._undo_failed_write(ino, pos // E, exts.get(pos // E), pos % E, changed)
             # An extent after the first failed (a full disk): those written are the
             # file's now, in the index already; their records must say so too, or a
             # later write would wait for a fetch the index declines forever.
@@ -927,6 +928,31 @@ class Engine:
         for idx in filled:
             self._start_writeback(ino, idx)
         return length
+
+    def _undo_failed_write(self, ino: int, idx: int, ext: Extent | None, at: int,
+                           changed: dict) -> None:
+        """A write into extent `idx` from byte `at` of it failed, maybe after some of
+        its bytes went in (a short write on a full disk). Bytes past what the index
+        knows of the file are cut off: a later extension of the file must read zeros
+        there. A clean copy it may have changed in place no longer matches its record:
+        it is let go (the bucket has it) and its record put in `changed`."""
+        key = (ino, idx)
+        if key in self.index.held:
+            return  # a direct writer's file: counted whole, its writes are its own
+        known = self.index.sizes.get(key)
+        try:
+            if known is None:
+                self.hot.remove(ino, idx)  # made by this write: nothing of it is the file's
+                return
+            if (self.hot.file_size(ino, idx) or 0) > known:
+                self.hot.truncate(ino, idx, known)
+        except OSError as e:
+            log.warning("inode %d extent %d: cutting a failed write off its hot file "
+                        "failed: %s", ino, idx, e)
+        if (at < known and ext is not None and ext.hot and ext.obj_id
+                and key not in self.index.dirty):
+            self.forget_hot(ino, idx)
+            changed[key] = replace(ext, flags=ext.flags & ~HOT)
 
     def _start_writeback(self, ino: int, idx: int) -> None:
         """An extent file was written up to its end: start its disk write in a worker

@@ -1,0 +1,90 @@
+"""Writes into the hot tier when its disk fills part way: the bytes a failed write
+left behind never become the file's later."""
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+
+import pytest
+
+from tierfs.errors import FsError
+
+from .harness import engine_stack, run
+
+KiB = 1024
+E = 64 * KiB
+PAGE = 4 * KiB
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MiB tmpfs for the whole stack (hot tier and metadata)."""
+    disk = tmp_path / "small"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], check=True)
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def _fill_leaving(path: str, free: int) -> None:
+    """Fill the disk of `path` with a file there, then give back `free` bytes."""
+    with open(path, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(bytes(PAGE))
+        except OSError as e:
+            assert e.errno == errno.ENOSPC, e
+        f.truncate(os.fstat(f.fileno()).st_size - free)
+
+
+def _stack(disk):
+    return engine_stack(disk, extent_size=E, cache_size=64 * E, upload_delay=3600,
+                        checkpoint_every=0)
+
+
+def test_bytes_of_a_short_write_never_show_after_the_file_grows(small_disk):
+    """A write that extends an extent file on a nearly full disk gets some of its bytes
+    in (a short write) and fails with ENOSPC. Those bytes lie past the file's size;
+    growing the file later (truncate up, a write further on) must show zeros there."""
+    async def body():
+        async with _stack(small_disk) as s:
+            ino = s.create()
+            await s.engine.write(ino, 0, b"a" * 1000)
+            filler = str(small_disk / "filler")
+            _fill_leaving(filler, 2 * PAGE)
+            with pytest.raises(FsError) as err:
+                await s.engine.write(ino, 1000, b"b" * (E - 1000))
+            assert err.value.errno == errno.ENOSPC
+            assert s.size(ino) == 1000
+            os.unlink(filler)
+            await s.engine.truncate(ino, E // 2)
+            await s.engine.write(ino, E - 1, b"c")
+            data = bytes(await s.engine.read(ino, 0, E))
+            assert data == b"a" * 1000 + bytes(E - 1001) + b"c"
+    run(body)
+
+
+def test_a_short_write_over_a_clean_copy_leaves_the_file_as_it_was(small_disk):
+    """A write over an uploaded extent that fails part way on a full disk has already
+    changed the first bytes of its clean hot copy in place. The write returned ENOSPC:
+    the file must read as before, and a later check of the copy against its record (a
+    remount's) must not find it damaged."""
+    async def body():
+        async with _stack(small_disk) as s:
+            ino = s.create()
+            await s.engine.write(ino, 0, b"a" * 1000)
+            await s.uploader.flush({ino})
+            assert not s.engine.index.dirty
+            filler = str(small_disk / "filler")
+            _fill_leaving(filler, 2 * PAGE)
+            with pytest.raises(FsError) as err:
+                await s.engine.write(ino, 0, b"b" * E)
+            assert err.value.errno == errno.ENOSPC
+            os.unlink(filler)
+            assert bytes(await s.engine.read(ino, 0, E)) == b"a" * 1000
+            s.forget_checks()  # what a remount does
+            assert bytes(await s.engine.read(ino, 0, E)) == b"a" * 1000
+    run(body)
