@@ -88,3 +88,90 @@ def test_a_short_write_over_a_clean_copy_leaves_the_file_as_it_was(small_disk):
             s.forget_checks()  # what a remount does
             assert bytes(await s.engine.read(ino, 0, E)) == b"a" * 1000
     run(body)
+
+
+def _fail_next_write_commit(s) -> list[int]:
+    """Make the next commit of a file's inode (a write's last step, after its bytes are
+    on the hot tier) fail as a full disk under the metadata database makes it fail.
+    Returns a list that counts the failures."""
+    update = s.meta.update
+    failed = []
+
+    def failing_update(inode, *args, **kwargs):
+        if inode is not None and not failed:
+            failed.append(inode.ino)
+            raise FsError(errno.ENOSPC, "metadata database: no space left on the disk")
+        return update(inode, *args, **kwargs)
+
+    s.meta.update = failing_update
+    return failed
+
+
+def test_a_write_whose_commit_fails_over_a_clean_copy_never_flips(small_disk):
+    """The bytes of a write over an uploaded extent are on the hot tier when the commit
+    of the write fails (ENOSPC). Whichever bytes the file then reads must stay what it
+    reads: not the new ones until the copy is evicted and the old ones after."""
+    async def body():
+        async with _stack(small_disk) as s:
+            ino = s.create()
+            await s.engine.write(ino, 0, b"a" * 1000)
+            await s.uploader.flush({ino})
+            failed = _fail_next_write_commit(s)
+            with pytest.raises(FsError) as err:
+                await s.engine.write(ino, 0, b"b" * 1000)
+            assert err.value.errno == errno.ENOSPC and failed
+            first = bytes(await s.engine.read(ino, 0, E))
+            assert first in (b"a" * 1000, b"b" * 1000)
+            await s.uploader.flush({ino})
+            assert not s.record(ino, 0).dirty, s.describe(ino, 0)  # in the bucket
+            s.evict_all()
+            assert bytes(await s.engine.read(ino, 0, E)) == first, s.describe(ino, 0)
+            s.forget_checks()  # what a remount does
+            assert bytes(await s.engine.read(ino, 0, E)) == first
+    run(body)
+
+
+def test_bytes_of_a_write_whose_commit_failed_never_show_after_the_file_grows(small_disk):
+    """A write past a file's end whose commit fails leaves the file its old size; when a
+    later write grows the file over that range, it reads zeros there, in the extent the
+    file had (dirty) and in the one the failed write began."""
+    async def body():
+        async with _stack(small_disk) as s:
+            ino = s.create()
+            await s.engine.write(ino, 0, b"a" * 1000)
+            failed = _fail_next_write_commit(s)
+            with pytest.raises(FsError) as err:
+                await s.engine.write(ino, 1000, b"b" * E)
+            assert err.value.errno == errno.ENOSPC and failed
+            assert s.size(ino) == 1000
+            await s.engine.write(ino, 2 * E - 1, b"c")
+            data = bytes(await s.engine.read(ino, 0, 2 * E))
+            assert data == b"a" * 1000 + bytes(2 * E - 1001) + b"c"
+    run(body)
+
+
+def test_a_short_write_over_a_clean_copy_whose_commit_fails_too_never_flips(small_disk):
+    """On a full disk the short write over an uploaded extent and the commit that
+    follows it may both fail: the file still reads one content, before and after its
+    copy is uploaded (a flush leaves nothing dirty), evicted and checked, never EIO."""
+    async def body():
+        async with _stack(small_disk) as s:
+            ino = s.create()
+            await s.engine.write(ino, 0, b"a" * 1000)
+            await s.uploader.flush({ino})
+            filler = str(small_disk / "filler")
+            _fill_leaving(filler, 2 * PAGE)
+            failed = _fail_next_write_commit(s)
+            with pytest.raises(FsError) as err:
+                await s.engine.write(ino, 0, b"b" * E)
+            assert err.value.errno == errno.ENOSPC and failed
+            os.unlink(filler)
+            first = bytes(await s.engine.read(ino, 0, E))
+            assert first in (b"a" * 1000, b"b" * 1000)
+            await s.uploader.flush({ino})
+            assert not s.record(ino, 0).dirty, s.describe(ino, 0)  # in the bucket
+            s.evict_all()
+            assert bytes(await s.engine.read(ino, 0, E)) == first, s.describe(ino, 0)
+            s.forget_checks()  # what a remount does
+            assert bytes(await s.engine.read(ino, 0, E)) == first
+    run(body)

@@ -888,9 +888,20 @@ class Engine:
         finally:
             self.busy.difference_update(keys)
         self.state.check_writable()  # fenced while this write waited: it must not land
+        # Clean hot copies this write changes in place are recorded dirty before their
+        # bytes change: a commit that fails afterwards (a full disk) must not leave a
+        # clean record over changed bytes (the bucket's bytes read back once evicted,
+        # the copy called damaged at its next check).
+        clean = {i: x for i, x in exts.items() if x.hot and not x.dirty}
+        if clean:
+            self.meta.update(None, {(ino, i): replace(x, flags=x.flags | DIRTY)
+                                    for i, x in clean.items()})
+            exts.update((i, replace(x, flags=x.flags | DIRTY)) for i, x in clean.items())
+        sizes = {key: self.index.sizes.get(key) for key in keys}  # of the files before
         view = memoryview(data)
         changed = {}
         filled = []
+        written = []
         pos = off
         t = time.time_ns()
         try:
@@ -899,6 +910,7 @@ class Engine:
                 start = idx * E
                 n = min(end, start + E) - pos
                 self.hot.pwrite(ino, idx, pos - start, view[pos - off:pos - off + n])
+                written.append((ino, idx))
                 ext = exts.get(idx)
                 if ext is None:
                     changed[(ino, idx)] = Extent(flags=HOT | DIRTY)
@@ -909,13 +921,30 @@ class Engine:
                     filled.append(idx)
                 pos += n
         except BaseException:
-            self._undo_failed_write(ino, pos // E, exts.get(pos // E), pos % E, changed)
+            failed = pos // E
+            self._cut_failed_write(ino, failed)
+            for i, x in clean.items():  # not written: their records as they were
+                if i >= failed:
+                    changed[(ino, i)] = x
+            # A clean copy the failed pwrite may have changed in place: let go, so the
+            # file reads the bucket's bytes, as before the write.
+            let_go = failed in clean and pos % E < (sizes[(ino, failed)] or 0)
+            if let_go:
+                changed[(ino, failed)] = replace(clean[failed], flags=clean[failed].flags & ~HOT)
             # An extent after the first failed (a full disk): those written are the
             # file's now, in the index already; their records must say so too, or a
             # later write would wait for a fetch the index declines forever.
             if changed:
                 node.size = max(node.size, pos)
-                self.meta.update(node, changed)
+                try:
+                    self._commit_write(node, changed, written, sizes)
+                except BaseException:
+                    for i in clean:  # their records stay dirty: so must the index
+                        if i >= failed:
+                            self.index.written((ino, i), sizes[(ino, i)])
+                    raise
+            if let_go:
+                self.forget_hot(ino, failed)
             raise
         if end > node.size:
             node.size = end
@@ -923,36 +952,52 @@ class Engine:
             node.mode = kill_suid(node.mode)  # the kernel leaves this to us (killpriv)
         if not self.kernel_times:
             node.mtime_ns = node.ctime_ns = t
-        self.meta.update(node, changed)
+        self._commit_write(node, changed, written, sizes)
         self.stats.inc("write_bytes", length)
         for idx in filled:
             self._start_writeback(ino, idx)
         return length
 
-    def _undo_failed_write(self, ino: int, idx: int, ext: Extent | None, at: int,
-                           changed: dict) -> None:
-        """A write into extent `idx` from byte `at` of it failed, maybe after some of
-        its bytes went in (a short write on a full disk). Bytes past what the index
-        knows of the file are cut off: a later extension of the file must read zeros
-        there. A clean copy it may have changed in place no longer matches its record:
-        it is let go (the bucket has it) and its record put in `changed`."""
+    def _commit_write(self, node: Inode, changed: dict, written: list[Key],
+                      sizes: dict[Key, int | None]) -> None:
+        """Commit a write's inode and records. If that fails (ENOSPC: the disk under the
+        metadata is full), the file keeps its size: the write's bytes in extent files
+        that had none (`sizes` before: None) go, and those past what a file held before
+        are cut off, or a later extension would show them. Bytes it changed in place
+        stay: their records say dirty (clean ones were made so before the pwrite)."""
+        try:
+            self.meta.update(node, changed)
+        except BaseException:
+            for ino, idx in written:
+                before = sizes[(ino, idx)]
+                try:
+                    if before is None:
+                        self.forget_hot(ino, idx)
+                    elif (self.hot.file_size(ino, idx) or 0) > before:
+                        self.hot.truncate(ino, idx, before)
+                        self.index.set_size((ino, idx), before)
+                except OSError as e:
+                    log.warning("inode %d extent %d: taking back a write whose commit "
+                                "failed: %s", ino, idx, e)
+            raise
+
+    def _cut_failed_write(self, ino: int, idx: int) -> None:
+        """A write into extent `idx` failed, maybe after some of its bytes went in (a
+        short write on a full disk): the bytes past what the index knows of the file
+        are cut off (the file removed if this write made it), or a later extension of
+        the file would show them where a hole must read zeros."""
         key = (ino, idx)
         if key in self.index.held:
             return  # a direct writer's file: counted whole, its writes are its own
         known = self.index.sizes.get(key)
         try:
             if known is None:
-                self.hot.remove(ino, idx)  # made by this write: nothing of it is the file's
-                return
-            if (self.hot.file_size(ino, idx) or 0) > known:
+                self.hot.remove(ino, idx)
+            elif (self.hot.file_size(ino, idx) or 0) > known:
                 self.hot.truncate(ino, idx, known)
         except OSError as e:
             log.warning("inode %d extent %d: cutting a failed write off its hot file "
                         "failed: %s", ino, idx, e)
-        if (at < known and ext is not None and ext.hot and ext.obj_id
-                and key not in self.index.dirty):
-            self.forget_hot(ino, idx)
-            changed[key] = replace(ext, flags=ext.flags & ~HOT)
 
     def _start_writeback(self, ino: int, idx: int) -> None:
         """An extent file was written up to its end: start its disk write in a worker
