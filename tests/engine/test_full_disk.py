@@ -91,9 +91,9 @@ def test_a_short_write_over_a_clean_copy_leaves_the_file_as_it_was(small_disk):
 
 
 def _fail_next_write_commit(s) -> list[int]:
-    """Make the next commit of a file's inode (a write's last step, after its bytes are
-    on the hot tier) fail as a full disk under the metadata database makes it fail.
-    Returns a list that counts the failures."""
+    """Make the next commit of a file's inode (the last step of a write, after its bytes
+    are on the hot tier, or of a truncate) fail as a full disk under the metadata
+    database makes it fail. Returns a list that counts the failures."""
     update = s.meta.update
     failed = []
 
@@ -174,4 +174,27 @@ def test_a_short_write_over_a_clean_copy_whose_commit_fails_too_never_flips(smal
             assert bytes(await s.engine.read(ino, 0, E)) == first, s.describe(ino, 0)
             s.forget_checks()  # what a remount does
             assert bytes(await s.engine.read(ino, 0, E)) == first
+    run(body)
+
+
+def test_a_truncate_whose_commit_fails_leaves_the_file_as_it_was(small_disk):
+    """A shrinking truncate whose commit fails (ENOSPC) leaves the file its size and
+    bytes: the extents past the cut (dirty, only on the hot tier) stay readable, and
+    the uploaded one it would cut reads the same before and after it is evicted."""
+    async def body():
+        async with _stack(small_disk) as s:
+            ino = s.create()
+            await s.engine.write(ino, 0, b"a" * E)
+            await s.uploader.flush({ino})
+            await s.engine.write(ino, E, b"b" * E)
+            failed = _fail_next_write_commit(s)
+            with pytest.raises(FsError) as err:
+                await s.engine.truncate(ino, E // 2)
+            assert err.value.errno == errno.ENOSPC and failed
+            assert s.size(ino) == 2 * E
+            assert bytes(await s.engine.read(ino, 0, 2 * E)) == b"a" * E + b"b" * E
+            await s.uploader.flush({ino})
+            s.evict_all()
+            s.forget_checks()  # what a remount does
+            assert bytes(await s.engine.read(ino, 0, 2 * E)) == b"a" * E + b"b" * E
     run(body)

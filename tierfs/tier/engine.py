@@ -1091,10 +1091,13 @@ class Engine:
                   ) -> None:
         """In one transaction: the file's size and times; shrinking drops the extents
         past new_size (`exts`: at least every record from new_size // E on) and cuts
-        the one it ends in, which must be hot."""
+        the one it ends in, which must be hot. The hot files change only once that
+        transaction is committed: a commit that fails (ENOSPC) leaves the file as it
+        was, and a crash after it leaves bytes past the end that the next mount cuts."""
         E = self.E
         changed: dict[Key, Extent | None] = {}
         gc = []
+        cuts: dict[int, int] = {}  # extent -> bytes its hot file keeps (0: emptied)
         if new_size < node.size:
             for idx, ext in exts.items():
                 start = idx * E
@@ -1104,23 +1107,25 @@ class Engine:
                     if (ino, idx) in self.index.held:
                         # A direct writer's descriptor points at this file: empty it,
                         # so its later writes land in the file, as on a local disk.
-                        self.hot.truncate(ino, idx, 0)
-                        self.index.written((ino, idx), 0)
+                        cuts[idx] = 0
                         changed[(ino, idx)] = Extent(flags=HOT | DIRTY)
                         continue
                     changed[(ino, idx)] = None
-                    self.forget_hot(ino, idx)
-                elif start + E > new_size:
-                    cut = new_size - start
-                    if ext.hot:
-                        self.hot.truncate(ino, idx, cut)
-                        if (ino, idx) not in self.index.held:  # held: a whole extent
-                            self.index.set_size((ino, idx), cut)
-                        self.index.written((ino, idx), cut)
-                        changed[(ino, idx)] = replace(ext, flags=ext.flags | DIRTY)
+                elif start + E > new_size and ext.hot:
+                    cuts[idx] = new_size - start
+                    changed[(ino, idx)] = replace(ext, flags=ext.flags | DIRTY)
         node.size = new_size
         node.mtime_ns = node.ctime_ns = time.time_ns()
         self.meta.update(node, changed, gc)
+        for (_ino, idx), ext in changed.items():
+            key = (ino, idx)
+            if ext is None:
+                self.forget_hot(ino, idx)
+                continue
+            self.hot.truncate(ino, idx, cuts[idx])
+            if key not in self.index.held:  # held: counted as a whole extent
+                self.index.set_size(key, cuts[idx])
+            self.index.written(key, cuts[idx])
 
     # ---- durability ---------------------------------------------------------------
     async def fsync(self, ino: int | None) -> None:
