@@ -3,6 +3,7 @@ held in place by the store gate (a bucket that accepts and never answers)."""
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import time
 
@@ -160,6 +161,54 @@ def test_an_object_the_bucket_will_not_delete_does_not_stop_gc_of_the_others(tmp
             await s.gc.collect()
             assert s.memory.list("data/") == [object_name(ids[0])]
             assert [i for i, _epoch in s.meta.gc_pending()] == [ids[0]]
+
+    run(body)
+
+
+class InfoLines(logging.Handler):
+    """The gc logger's lines, INFO and up, while the test runs."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+        self.logger = logging.getLogger("tierfs.tier.gc")
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+    def __enter__(self):
+        self.level = self.logger.level
+        self.logger.setLevel(logging.INFO)
+        self.logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc):
+        self.logger.removeHandler(self)
+        self.logger.setLevel(self.level)
+
+
+def test_an_object_the_bucket_will_not_delete_does_not_hide_an_outage(tmp_path):
+    """While the bucket refuses to delete one object (a hold on it), gc still says
+    when an outage begins and when it works again: the refusal is its own story."""
+    async def body():
+        async with engine_stack(tmp_path, extent_size=E, cache_size=16 * E, upload_delay=0,
+                                checkpoint_every=0) as s:
+            s.gc.interval = 3600  # passes run when the test says
+            (held,) = await _dropped_objects(s, 1)
+            s.faulty.refuse_deletes = (object_name(held),)
+            with InfoLines() as log_lines:
+                await s.gc.collect()
+                assert len(log_lines.lines) == 1 and object_name(held) in log_lines.lines[0]
+                await _dropped_objects(s, 2)
+                s.faulty.outage = True
+                await s.gc.collect()
+                assert len(log_lines.lines) == 2 and "outage" in log_lines.lines[1], \
+                    log_lines.lines
+                s.faulty.outage = False
+                await s.gc.collect()
+                assert s.memory.list("data/") == [object_name(held)]
+                assert len(log_lines.lines) == 3 and "works again" in log_lines.lines[2], \
+                    log_lines.lines
 
     run(body)
 

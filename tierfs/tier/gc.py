@@ -41,6 +41,9 @@ class GarbageCollector:
         # objects that the new holder's metadata still references.
         self.still_ours = lambda: True
         self.delete_failures = FailureLog(log, "gc: deleting objects")
+        # Objects the bucket refuses to delete (a hold on them) fail pass after pass: a
+        # story of their own, or they would hide an outage and its end for ever.
+        self.refusals = FailureLog(log, "gc: deleting objects")
 
     async def run(self) -> None:
         failing = False
@@ -132,10 +135,15 @@ class GarbageCollector:
                 delete_all, limiter=self.engine.s3_limiter, abandon_on_cancel=True)
         except ColdStoreError as e:  # the lease could not be read
             deleted, error = [], e
-        if error is not None:
+        refused = error is not None and not error.transient
+        if error is not None and not refused:
             self.delete_failures.failed(error)
-        elif deleted:
+        elif deleted or refused:  # the bucket answered
             self.delete_failures.worked()
+        if refused:
+            self.refusals.failed(error)
+        elif deleted:
+            self.refusals.worked()
         if not deleted:
             return 0
         await self._call(meta.gc_done, deleted)
