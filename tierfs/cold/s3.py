@@ -72,6 +72,7 @@ class _Watchdog:
     def __init__(self):
         self._cond = threading.Condition()
         self._calls: dict[int, _Request] = {}  # thread id -> its bounded call
+        self._wake_at = float("inf")  # when the watchdog looks again, unless notified
         self._thread = None
 
     @contextlib.contextmanager
@@ -102,7 +103,8 @@ class _Watchdog:
             if call is None:
                 return
             call.conn, call.deadline = conn, time.monotonic() + call.seconds
-            self._cond.notify()
+            if call.deadline < self._wake_at:  # else the watchdog wakes in time anyway:
+                self._cond.notify()           # a thread wakeup per request is dear
 
     def _watch(self) -> None:
         with self._cond:
@@ -117,6 +119,7 @@ class _Watchdog:
                             call.deadline = now + CUT_RETRY_S
                 wake = min((c.deadline for c in self._calls.values() if c.conn is not None),
                            default=None)
+                self._wake_at = float("inf") if wake is None else wake
                 self._cond.wait(None if wake is None else wake - now)
 
 
