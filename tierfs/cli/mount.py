@@ -1,7 +1,6 @@
 """`tierfs mount` and `tierfs umount`."""
 from __future__ import annotations
 
-import contextlib
 import faulthandler
 import logging
 import logging.handlers
@@ -141,27 +140,28 @@ def spawn_daemon(argv: list[str], cfg: MountConfig) -> int:
     # The daemon's stderr is kept: a daemon that dies before it can log or report
     # (a broken install) says why only there.
     with tempfile.TemporaryFile() as stderr:
-        proc = subprocess.Popen([sys.executable, "-P", "-m", "tierfs", *argv, "--foreground"],
-                                pass_fds=(w,), env=env, start_new_session=True,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=stderr)
-        try:
-            os.close(w)
-            with os.fdopen(r, "rb") as f, _stopping_signals_raise():
-                message = _read_report(f, cfg.start_timeout)
-        except (KeyboardInterrupt, _StopSignal) as e:
-            # Ctrl-C (or a service manager's SIGTERM, a closed terminal's SIGHUP)
-            # abandons the start: a daemon left to finish it in the background would
-            # mount after the command said it was stopped.
-            for signum in STOPPING_SIGNALS:  # a second one must not cut this short
-                signal.signal(signum, signal.SIG_IGN)
-            left = _stop_daemon(proc, mountpoint, mounted_before)
-            signum = getattr(e, "signum", signal.SIGINT)
-            how = ("interrupted" if signum == signal.SIGINT else
-                   f"stopped by {signal.Signals(signum).name}")
-            print(f"tierfs: {how}: the mount of {mountpoint} was abandoned and its "
-                  f"daemon stopped before it finished starting{left}", file=sys.stderr)
-            return 128 + signum
+        with _StopSignals() as stops:
+            proc = subprocess.Popen([sys.executable, "-P", "-m", "tierfs", *argv,
+                                     "--foreground"],
+                                    pass_fds=(w,), env=env, start_new_session=True,
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=stderr)
+            try:
+                stops.arm()  # one that came while the daemon was spawned acts now
+                os.close(w)
+                with os.fdopen(r, "rb") as f:
+                    message = _read_report(f, cfg.start_timeout)
+                stops.disarm()
+            except _StopSignal as e:
+                # Ctrl-C (or a service manager's SIGTERM, a closed terminal's SIGHUP)
+                # abandons the start: a daemon left to finish it in the background
+                # would mount after the command said it was stopped.
+                left = _stop_daemon(proc, mountpoint, mounted_before)
+                how = ("interrupted" if e.signum == signal.SIGINT else
+                       f"stopped by {signal.Signals(e.signum).name}")
+                print(f"tierfs: {how}: the mount of {mountpoint} was abandoned and its "
+                      f"daemon stopped before it finished starting{left}", file=sys.stderr)
+                return 128 + e.signum
         if message is None:
             raise UserError(_stop_unstarted(proc, cfg, mountpoint, mounted_before))
         if message.startswith("OK"):
@@ -183,33 +183,49 @@ STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class _StopSignal(Exception):
-    """SIGTERM or SIGHUP while `tierfs mount` waits for its daemon."""
+    """Ctrl-C, SIGTERM or SIGHUP while `tierfs mount` waits for its daemon."""
 
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
 
 
-@contextlib.contextmanager
-def _stopping_signals_raise():
-    """SIGTERM and SIGHUP raise _StopSignal meanwhile (SIGINT raises
-    KeyboardInterrupt already); their default would end the command and leave the
-    daemon, a session of its own, starting."""
-    stopped = []
+class _StopSignals:
+    """While the daemon starts, Ctrl-C, SIGTERM and SIGHUP raise _StopSignal: their
+    defaults would end the command and leave the daemon, a session of its own,
+    starting. One that comes before arm() (while the daemon is spawned, its pid not
+    known yet) waits for it; one after disarm() (the start is over) is delivered
+    again as it would have been, once the handlers are back."""
 
-    def stop(signum, frame):
-        for each in STOPPING_SIGNALS:  # a second one must not cut the stop short
-            signal.signal(each, signal.SIG_IGN)
-        stopped.append(signum)
-        raise _StopSignal(signum)
+    def __enter__(self) -> "_StopSignals":
+        self.armed, self.pending, self.raised = False, None, False
+        self.before = {s: signal.signal(s, self._stop) for s in STOPPING_SIGNALS}
+        return self
 
-    before = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        if not stopped:
-            for signum, handler in before.items():
-                signal.signal(signum, handler)
+    def _stop(self, signum, frame) -> None:
+        if self.pending is not None:
+            return  # a second one must not cut the stop short
+        self.pending = signum
+        if self.armed:
+            self._raise()
+
+    def _raise(self) -> None:
+        self.raised = True
+        raise _StopSignal(self.pending)
+
+    def arm(self) -> None:
+        self.armed = True
+        if self.pending is not None:
+            self._raise()
+
+    def disarm(self) -> None:
+        self.armed = False
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self.before.items():
+            signal.signal(signum, handler)
+        if self.pending is not None and not self.raised:
+            signal.raise_signal(self.pending)
 
 
 def _read_report(f, timeout: float) -> str | None:
