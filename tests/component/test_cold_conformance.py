@@ -6,6 +6,7 @@ session, only if an S3 test is selected); each test gets its own bucket.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import random
 import re
@@ -431,6 +432,36 @@ def test_file_store_never_recreates_a_location_gone_after_check(tmp_path):
             put()
         assert e.value.transient
     assert list(share.iterdir()) == []
+
+
+def test_file_store_takes_a_location_gone_after_check_for_an_outage(tmp_path):
+    """The location vanishes while the daemon runs (the share unmounted, the directory
+    moved away): reads, deletes, lists and sizes are transient errors, retried until it
+    is back, never the answers of an empty bucket: "not found" would fail reads as data
+    lost and free a lease held elsewhere, a delete would be forgotten, an empty list
+    would look like a bucket without checkpoints."""
+    location = tmp_path / "fs"
+    store = FileStore(str(location))
+    store.check()
+    store.put("data/1", b"on the share")
+    location.rename(tmp_path / "elsewhere")  # the share went away
+    calls = {
+        "get": lambda: store.get("data/1"),
+        "get_file": lambda: store.get_file("data/1", io.BytesIO()),
+        "get_versioned": lambda: store.get_versioned("lease.json"),
+        "delete": lambda: store.delete("data/1"),
+        "list": lambda: store.list("data/"),
+        "size": lambda: store.size("data/1"),
+    }
+    for name, call in calls.items():
+        with pytest.raises(ColdStoreError, match="is it mounted") as e:
+            call()
+        assert e.value.transient and not isinstance(e.value, ObjectNotFound), name
+    (tmp_path / "elsewhere").rename(location)  # back
+    assert store.list("data/") == ["data/1"]
+    assert store.get("data/1") == b"on the share"  # the delete while gone did nothing
+    store.delete("data/1")
+    assert store.list("data/") == []
 
 
 @pytest.mark.parametrize("key", ["", "/abs", "../x", "a//b", "a/./b", "x" + TMP_SUFFIX])

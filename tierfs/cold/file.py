@@ -68,14 +68,24 @@ class FileStore:
             _unlink_quietly(tmp)
             raise
 
-    def _make_dirs(self, key: str, directory: str) -> None:
-        """Create the key's directories, but never the location check() found: one gone
-        since is a share unmounted under the daemon, and objects put on the disk beneath
-        it would be missing once the share is back."""
+    def _check_location(self, op: str, key: str) -> None:
+        """Raise a transient error if the location check() found is gone: a share
+        unmounted under the daemon, or the directory moved away, is an outage that ends
+        when it is back. Never an empty bucket: objects put on the disk beneath would be
+        missing once the share is back, and "not found", a delete done or an empty list
+        would be answers about objects that are still on the share."""
         if self.checked and not os.path.isdir(self.root):
-            raise ColdStoreError(f"put '{key}' in {self.describe()} failed: the cold directory "
+            raise ColdStoreError(f"{op} '{key}' in {self.describe()} failed: the cold directory "
                                  f"is missing: is it mounted?", transient=True)
+
+    def _make_dirs(self, key: str, directory: str) -> None:
+        """Create the key's directories, but never the location itself (see above)."""
+        self._check_location("put", key)
         make_dirs_durable(directory)
+
+    def _not_found(self, key: str) -> ObjectNotFound:
+        self._check_location("get", key)  # an answer only while the location is there
+        return ObjectNotFound(f"object '{key}' not found in {self.describe()}")
 
     def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
         chunks = []
@@ -94,7 +104,7 @@ class FileStore:
         try:
             fd = os.open(path, os.O_RDONLY)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as e:
-            raise ObjectNotFound(f"object '{key}' not found in {self.describe()}") from e
+            raise self._not_found(key) from e
         except OSError as e:
             raise self._error("get", key, e) from e
         try:
@@ -110,7 +120,7 @@ class FileStore:
                 pos += len(chunk)
             return max(0, pos - offset)
         except IsADirectoryError as e:
-            raise ObjectNotFound(f"object '{key}' not found in {self.describe()}") from e
+            raise self._not_found(key) from e
         except OSError as e:
             raise self._error("get", key, e) from e
         finally:
@@ -145,7 +155,7 @@ class FileStore:
         try:
             os.unlink(self._path(key))
         except (FileNotFoundError, NotADirectoryError):
-            pass
+            self._check_location("delete", key)  # not gone: it may be on the share
         except OSError as e:
             raise self._error("delete", key, e) from e
 
@@ -153,7 +163,7 @@ class FileStore:
         # Walk only the deepest directory the prefix pins down.
         base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         top = os.path.join(self.root, *base.split("/")) if base else self.root
-        if not os.path.isdir(self.root):
+        if not self.checked and not os.path.isdir(self.root):
             raise ColdStoreError(f"cold directory {self.root} is missing: is it mounted?")
 
         def onerror(e: OSError) -> None:
@@ -172,12 +182,14 @@ class FileStore:
                         keys.append(key)
         except OSError as e:
             raise self._error("list", prefix, e) from e
+        self._check_location("list", prefix)  # gone before or during the walk: not empty
         return sorted(keys)
 
     def size(self, key: str) -> int | None:
         try:
             st = os.stat(self._path(key))
         except (FileNotFoundError, NotADirectoryError):
+            self._check_location("size", key)
             return None
         except OSError as e:
             raise self._error("size", key, e) from e
