@@ -464,6 +464,57 @@ def test_file_store_takes_a_location_gone_after_check_for_an_outage(tmp_path):
     assert store.list("data/") == []
 
 
+@contextlib.contextmanager
+def mounted(*args: str):
+    """mount ARGS...; the last one, the mount point, is unmounted at the end if it still is."""
+    subprocess.run(["mount", *args], check=True)
+    try:
+        yield
+    finally:
+        if os.path.ismount(args[-1]):
+            subprocess.run(["umount", args[-1]], check=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a share needs root")
+@pytest.mark.parametrize("below", ["", "fs"])
+def test_file_store_takes_a_share_unmounted_under_it_for_an_outage(tmp_path, below):
+    """The location is the root of a share (below="") or a directory on it whose name is
+    also on the disk beneath (made there before the share was first mounted): once the
+    share is unmounted the directory beneath is there, empty. Every call is a transient
+    error until the share is back, never a put on the local disk (hidden once the share
+    is back, though the metadata calls it uploaded) nor an answer from an empty bucket."""
+    server, share = tmp_path / "server", tmp_path / "share"
+    (share / "fs").mkdir(parents=True)  # the mount point, and a directory beneath the share
+    server.mkdir()
+    with mounted("-t", "tmpfs", "-o", "size=4m", "tmpfs", str(server)):
+        (server / "fs").mkdir()
+        with mounted("--bind", str(server), str(share)):  # the share's export, mounted
+            store = FileStore(str(share / below))
+            store.check()
+            store.put("data/1", b"on the share")
+            subprocess.run(["umount", str(share)], check=True)  # the share went away
+            calls = {
+                "put": lambda: store.put("data/2", b"x"),
+                "put_if": lambda: store.put_if("lease.json", b"x", None),
+                "get": lambda: store.get("data/1"),
+                "delete": lambda: store.delete("data/1"),
+                "list": lambda: store.list("data/"),
+                "size": lambda: store.size("data/1"),
+            }
+            for name, call in calls.items():
+                gone = re.escape(f"{share}, the filesystem") + ".* no longer mounted"
+                with pytest.raises(ColdStoreError, match=gone) as e:
+                    call()
+                assert e.value.transient and not isinstance(e.value, ObjectNotFound), name
+                assert "\n" not in str(e.value)
+            assert [p.name for p in share.rglob("*")] == ["fs"]  # nothing on the disk beneath
+        with mounted("--bind", str(server), str(share)):  # back
+            assert store.get("data/1") == b"on the share"
+            store.put("data/2", b"x")
+            assert store.list("data/") == ["data/1", "data/2"]
+        assert (server / below / "data" / "2").read_bytes() == b"x"
+
+
 @pytest.mark.parametrize("key", ["", "/abs", "../x", "a//b", "a/./b", "x" + TMP_SUFFIX])
 def test_file_rejects_bad_keys(tmp_path, key):
     with pytest.raises(ValueError):

@@ -24,6 +24,7 @@ class FileStore:
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)
         self.checked = False  # check() found the location (or made it)
+        self.mount_point = "/"  # of the filesystem check() found the location on
 
     def _path(self, key: str) -> str:
         parts = key.split("/")
@@ -74,9 +75,19 @@ class FileStore:
         when it is back. Never an empty bucket: objects put on the disk beneath would be
         missing once the share is back, and "not found", a delete done or an empty list
         would be answers about objects that are still on the share."""
-        if self.checked and not os.path.isdir(self.root):
-            raise ColdStoreError(f"{op} '{key}' in {self.describe()} failed: the cold directory "
-                                 f"is missing: is it mounted?", transient=True)
+        if not self.checked:
+            return
+        if not os.path.isdir(self.root):
+            problem = "the cold directory is missing: is it mounted?"
+        elif not os.path.ismount(self.mount_point):
+            # A share unmounted leaves its mount point's directory on the disk beneath
+            # (maybe with one of the location's name): there, but not the location.
+            problem = (f"{self.mount_point}, the filesystem the cold directory was found "
+                       f"on, is no longer mounted: mount it again")
+        else:
+            return
+        raise ColdStoreError(f"{op} '{key}' in {self.describe()} failed: {problem}",
+                             transient=True)
 
     def _make_dirs(self, key: str, directory: str) -> None:
         """Create the key's directories, but never the location itself (see above)."""
@@ -226,6 +237,7 @@ class FileStore:
             raise ColdConfigError(f"cold directory {root} is not usable ({e}): check its permissions and free space") from e
         if not ok:
             raise ColdConfigError(f"cold directory {root} returned wrong data for a probe file: check the filesystem")
+        self.mount_point = mount_point_of(root)
         self.checked = True
 
     def describe(self) -> str:
@@ -249,6 +261,14 @@ def unmounted_fstab_mount_point(path: str) -> str | None:
         if os.path.commonpath([mount_point, real]) == mount_point and mount_point not in mounted:
             return mount_point
     return None
+
+
+def mount_point_of(path: str) -> str:
+    """The mount point of the filesystem that holds the directory `path`."""
+    path = os.path.realpath(path)
+    while not os.path.ismount(path):
+        path = os.path.dirname(path)
+    return path
 
 
 def make_dirs_durable(path: str) -> None:
