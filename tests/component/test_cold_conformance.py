@@ -884,6 +884,100 @@ def test_s3_error_mapping(aws_env, code, status, expected, transient):
         assert "credentials" in str(e.value) and "'b-test'" in str(e.value)
 
 
+@pytest.fixture
+def small_parts(monkeypatch):
+    """Multipart uploads from 6 MiB, in parts of 5 MiB (S3's and moto's smallest)."""
+    import tierfs.cold.s3 as s3
+
+    monkeypatch.setattr(s3, "MULTIPART_THRESHOLD", 6 * MiB, raising=False)
+    monkeypatch.setattr(s3, "MULTIPART_PART", 5 * MiB, raising=False)
+
+
+def _bucket_client(endpoint: str):
+    import boto3
+
+    return boto3.session.Session().client("s3", endpoint_url=endpoint, region_name="us-east-1")
+
+
+def _fail_part(s3, number: int) -> None:
+    """Make the connection reset at each try of part `number` of the next multipart
+    upload (only that upload: another one starting over goes through)."""
+    import botocore.exceptions as bce
+
+    doomed = []
+
+    def reset(request, **_kwargs):
+        upload = re.search(r"uploadId=([^&]+)", request.url).group(1)
+        if not doomed:
+            doomed.append(upload)
+        if upload == doomed[0] and re.search(rf"partNumber={number}(&|$)", request.url):
+            raise bce.ConnectionClosedError(endpoint_url=request.url)
+    s3._client.meta.events.register("before-send.s3.UploadPart", reset)
+
+
+def test_s3_put_file_above_the_threshold_goes_up_in_parts(moto_endpoint, bucket, small_parts,
+                                                          tmp_path):
+    """S3 refuses a single PutObject above 5 GiB, and a checkpoint of about 10 million
+    files is larger: before, every checkpoint of such a namespace failed for good. A
+    file above MULTIPART_THRESHOLD goes up as a multipart upload, read as it is sent,
+    and reads back the same."""
+    from tierfs.cold.s3 import S3Store
+
+    data = payload(12 * MiB + 5)
+    (tmp_path / "src").write_bytes(b"skipped" + data)
+    s3 = S3Store(bucket, "pre", endpoint=moto_endpoint)
+    with open(tmp_path / "src", "rb") as f:
+        f.seek(len(b"skipped"))
+        s3.put_file(KEY, f)
+    assert s3.get(KEY) == data
+    client = _bucket_client(moto_endpoint)
+    assert client.head_object(Bucket=bucket, Key=f"pre/{KEY}")["ETag"].endswith('-3"')
+    assert "Uploads" not in client.list_multipart_uploads(Bucket=bucket)
+
+
+def test_s3_checkpoint_above_the_threshold_goes_up_in_parts_and_reads_back(
+        moto_endpoint, bucket, small_parts, tmp_path):
+    """A checkpoint (its header, then the LMDB copy) larger than MULTIPART_THRESHOLD
+    goes up in parts, in the same format: recovery reads it back and verifies it."""
+    from tierfs.cold.s3 import S3Store
+    from tierfs.tier.checkpoint import checkpoint_name, get_checkpoint, put_checkpoint
+
+    data = payload(11 * MiB)
+    (tmp_path / "data.mdb").write_bytes(data)
+    s3 = S3Store(bucket, endpoint=moto_endpoint)
+    assert put_checkpoint(s3, 7, str(tmp_path / "data.mdb")) == len(data)
+    client = _bucket_client(moto_endpoint)
+    assert client.head_object(Bucket=bucket, Key=checkpoint_name(7))["ETag"].endswith('-3"')
+    get_checkpoint(s3, 7, str(tmp_path / "back.mdb"))
+    assert (tmp_path / "back.mdb").read_bytes() == data
+
+
+def test_s3_put_file_that_fails_in_a_part_leaves_no_parts(moto_endpoint, bucket, small_parts,
+                                                          tmp_path):
+    """A multipart upload that fails partway is aborted, so that no parts stay in the
+    bucket (billed, unseen); a retry starts over and puts the whole file."""
+    from tierfs.cold.retry import RetryingStore
+    from tierfs.cold.s3 import S3Store
+
+    data = payload(12 * MiB)
+    (tmp_path / "src").write_bytes(data)
+    client = _bucket_client(moto_endpoint)
+    s3 = S3Store(bucket, endpoint=moto_endpoint)
+    _fail_part(s3, 2)
+    with open(tmp_path / "src", "rb") as f, pytest.raises(ColdStoreError) as e:
+        s3.put_file(KEY, f)
+    assert e.value.transient
+    assert "Uploads" not in client.list_multipart_uploads(Bucket=bucket)
+    assert s3.size(KEY) is None
+
+    s3 = S3Store(bucket, endpoint=moto_endpoint)
+    _fail_part(s3, 3)
+    with open(tmp_path / "src", "rb") as f:
+        RetryingStore(s3, base=0.01).put_file(KEY, f)
+    assert s3.get(KEY) == data
+    assert "Uploads" not in client.list_multipart_uploads(Bucket=bucket)
+
+
 def test_s3_endpoint_from_environment(moto_endpoint, bucket, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
     s = open_store(f"s3://{bucket}/some/prefix/")

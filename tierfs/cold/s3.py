@@ -49,6 +49,11 @@ MIN_PUT_RATE = 1 << 18  # bytes per second
 GET_PIECE = 1 << 20  # read at most this at a time: below the daemon's mmap threshold
 # S3 refuses a request signed further than this off its own clock (RequestTimeTooSkewed).
 MAX_CLOCK_SKEW_S = 15 * 60
+# S3 refuses a single PutObject above 5 GiB: a file larger than this (a checkpoint of a
+# namespace of millions of files) goes up as a multipart upload, a part at a time.
+MULTIPART_THRESHOLD = 1 << 30
+MULTIPART_PART = 64 << 20  # S3's minimum is 5 MiB (but for the last part)
+MAX_PARTS = 10_000  # S3's limit
 CUT_RETRY_S = 0.05  # how often the watchdog looks again at an overdue request still connecting
 
 
@@ -417,6 +422,8 @@ class S3Store:
         start = f.tell()
         size = f.seek(0, os.SEEK_END) - start
         f.seek(start)
+        if size > MULTIPART_THRESHOLD:
+            return self._put_in_parts(key, f, size)
         try:
             # One PutObject streamed from the file (botocore reads it in pieces).
             with self._bounded("put", key, size):
@@ -424,6 +431,54 @@ class S3Store:
                                         ContentLength=size)
         except (bce.BotoCoreError, bce.ClientError) as e:
             raise self._error(e, "put", key) from e
+
+    def _put_in_parts(self, key: str, f, size: int) -> None:
+        """A multipart upload of `size` bytes from `f`, one part in memory at a time.
+        One that fails is aborted, so that no parts are left (and billed); a retry
+        starts over."""
+        part = max(MULTIPART_PART, -(-size // MAX_PARTS))
+        args = {"Bucket": self.bucket, "Key": self._key(key)}
+        try:
+            with self._bounded("put", key):
+                upload = self._client.create_multipart_upload(**args)["UploadId"]
+        except (bce.BotoCoreError, bce.ClientError) as e:
+            raise self._error(e, "put", key) from e
+        try:
+            parts = []
+            for number, offset in enumerate(range(0, size, part), start=1):
+                body = f.read(min(part, size - offset))
+                with self._bounded("put", key, len(body)):
+                    etag = self._client.upload_part(**args, UploadId=upload, PartNumber=number,
+                                                    Body=body)["ETag"]
+                parts.append({"PartNumber": number, "ETag": etag})
+            # S3 may take a while to join the parts: a second per part.
+            with self._bounded("put", key, len(parts) * MIN_PUT_RATE):
+                self._client.complete_multipart_upload(**args, UploadId=upload,
+                                                       MultipartUpload={"Parts": parts})
+        except BaseException as e:
+            self._abort_upload(key, upload)
+            if isinstance(e, (bce.BotoCoreError, bce.ClientError)):
+                raise self._error(e, "put", key) from e
+            raise
+
+    def _abort_upload(self, key: str, upload: str) -> None:
+        try:
+            with self._bounded("put", key):
+                self._client.abort_multipart_upload(Bucket=self.bucket, Key=self._key(key),
+                                                    UploadId=upload)
+        except bce.ClientError as e:
+            if e.response.get("Error", {}).get("Code") != "NoSuchUpload":  # else none left
+                self._abort_failed(key, upload, self._error(e, "abort", key))
+        except bce.BotoCoreError as e:
+            self._abort_failed(key, upload, self._error(e, "abort", key))
+        except ColdStoreError as e:
+            self._abort_failed(key, upload, e)
+
+    def _abort_failed(self, key: str, upload: str, e: ColdStoreError) -> None:
+        log.warning("could not abort the failed multipart upload %s of s3://%s/%s (%s): its "
+                    "parts stay billed until removed: add a lifecycle rule with "
+                    "AbortIncompleteMultipartUpload to the bucket", upload, self.bucket,
+                    self._key(key), e)
 
     def get_file(self, key: str, f, offset: int = 0) -> int:
         args = {"Bucket": self.bucket, "Key": self._key(key)}
