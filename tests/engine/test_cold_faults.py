@@ -111,6 +111,28 @@ def test_scrub_during_an_outage_calls_no_object_damaged(tmp_path):
     run(scenario)
 
 
+def test_scrub_of_a_damaged_hot_copy_whose_object_is_damaged_too_replaces_nothing(tmp_path):
+    """Scrub finds the hot copy damaged, then the object too: nothing good was left to
+    replace the copy with. Before, it was counted "replaced from the bucket" anyway,
+    so the report said a file was repaired that has no good copy anywhere."""
+    async def scenario():
+        async with engine_stack(tmp_path, extent_size=E, cache_size=8 * E, upload_delay=0,
+                                checkpoint_every=0,
+                                allowed_errors=("hot copy is damaged", "checksum mismatch")) as s:
+            ino = s.create()
+            await s.engine.write(ino, 0, b"x" * E)
+            await s.uploader.flush({ino})
+            assert s.record(ino, 0).hot and not s.record(ino, 0).dirty
+            with open(s.engine.hot.path(ino, 0), "r+b") as f:
+                f.write(b"rot")
+            s.faulty.corrupt_keys.add(object_name(s.record(ino, 0).obj_id))
+            out = await actions.scrub(s.engine, ino)
+            assert out["cold_bad"] == 1, out
+            assert out["hot_repaired"] == 0 and out["hot_lost"] == 1, out
+
+    run(scenario)
+
+
 def test_gc_failing_pass_after_pass_warns_once_until_it_works_again(tmp_path):
     """A bucket that refuses deletes fails every gc pass (every 50 ms here): one
     warning for all of them, not one per pass, and the objects go once it allows

@@ -343,6 +343,31 @@ def test_scrub_replaces_damaged_hot_copy(s3m):
 
 
 @pytest.mark.allow_log_errors
+def test_scrub_of_a_damaged_hot_copy_whose_object_is_damaged_too(s3m):
+    """Both copies of a file damaged: scrub must not say the hot copy was replaced
+    from the bucket (it did, before: the file looked repaired and was lost)."""
+    m = s3m()
+    m.allowed_log += ["hot copy is damaged", "checksum mismatch"]
+    write_file(m.path("f"), pattern(MiB, 4))
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    (path,) = hot_files(m)
+    with open(path, "r+b") as f:
+        f.seek(10)
+        f.write(b"\x00rot\x00")
+    bucket, _prefix = m.cold_url[5:].split("/", 1)
+    client = bucket_client(m)
+    (key,) = data_objects(m)
+    body = bytearray(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    body[100] ^= 0xFF
+    client.put_object(Bucket=bucket, Key=key, Body=bytes(body))
+    res = m.cli("scrub", m.mountpoint)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "0 damaged hot copies replaced" in res.stdout, res.stdout
+    assert "1 damaged hot copy not replaced (object damaged too)" in res.stdout
+    assert "1 damaged object" in res.stdout, res.stdout
+
+
+@pytest.mark.allow_log_errors
 def test_damaged_or_deleted_hot_files_behind_our_back(s3m):
     m = s3m("--upload-delay", "3600")
     m.allowed_log += ["hot copy is damaged", "hot file missing"]

@@ -248,11 +248,14 @@ def cmd_scrub(args) -> int:
     args.paths, args.recursive = [args.path], True
     results, failures, secs = for_each_file("scrub", "scrub", args)
     total = {k: sum(r[k] for r in results) for k in
-             ("hot_ok", "hot_repaired", "cold_ok", "cold_bad", "dirty_skipped")}
+             ("hot_ok", "hot_repaired", "hot_lost", "cold_ok", "cold_bad", "dirty_skipped")}
     print(f"scrubbed {plural(len(results), 'file')} in {secs:.1f}s: "
           f"{plural(total['hot_ok'], 'hot extent')} ok, "
           f"{plural(total['hot_repaired'], 'damaged hot copy', 'damaged hot copies')} replaced "
-          f"from the bucket, {plural(total['cold_ok'], 'object')} ok, "
+          f"from the bucket, "
+          + (f"{plural(total['hot_lost'], 'damaged hot copy', 'damaged hot copies')} not "
+             f"replaced (object damaged too), " if total["hot_lost"] else "")
+          + f"{plural(total['cold_ok'], 'object')} ok, "
           f"{plural(total['cold_bad'], 'damaged object')}, "
           f"{plural(total['dirty_skipped'], 'dirty extent')} not checked")
     if total["cold_bad"]:

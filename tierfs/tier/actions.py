@@ -167,9 +167,10 @@ def set_pinned(engine, ino: int, pinned: bool) -> int:
 
 async def scrub(engine, ino: int) -> dict:
     """Re-read and verify every clean extent of a file, hot copy and object.
-    A damaged hot copy is replaced from the bucket; a damaged object is reported
-    (and re-uploaded from a good hot copy)."""
-    out = {"hot_ok": 0, "hot_repaired": 0, "cold_ok": 0, "cold_bad": 0, "dirty_skipped": 0}
+    A damaged hot copy is replaced from the bucket (hot_lost where the object is
+    damaged too); a damaged object is reported (and re-uploaded from a good hot copy)."""
+    out = {"hot_ok": 0, "hot_repaired": 0, "hot_lost": 0, "cold_ok": 0, "cold_bad": 0,
+           "dirty_skipped": 0}
     for idx, ext in sorted(engine.meta.all_extents(ino).items()):
         if ext.dirty or not ext.obj_id:
             out["dirty_skipped"] += 1
@@ -177,11 +178,8 @@ async def scrub(engine, ino: int) -> dict:
         hot_good = False
         if ext.hot:
             engine.index.uncheck((ino, idx))  # check it again now
-            if await engine.verify_hot_copy(ino, idx):
-                out["hot_ok"] += 1
-                hot_good = True
-            else:
-                out["hot_repaired"] += 1
+            hot_good = await engine.verify_hot_copy(ino, idx)
+            out["hot_ok"] += hot_good
         try:
             if not await engine.verify_cold(ino, idx, ext):
                 out["dirty_skipped"] += 1  # changed while it was read
@@ -189,10 +187,12 @@ async def scrub(engine, ino: int) -> dict:
             out["cold_ok"] += 1
             if ext.hot and not hot_good:
                 await engine.fetch(ino, idx, for_write=True)
+                out["hot_repaired"] += 1  # only now: the bucket's copy was good
         except ColdUnavailable:
             raise  # the object could not be checked: no damage found, none to report
         except FsError:
             out["cold_bad"] += 1
+            out["hot_lost"] += ext.hot and not hot_good  # no good copy anywhere
             if hot_good:  # upload the good hot copy again
                 _n, exts = engine.meta.get_extents(ino, idx, idx)
                 cur = exts.get(idx)
