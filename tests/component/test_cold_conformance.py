@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import random
 import re
@@ -976,6 +977,40 @@ def test_s3_put_file_that_fails_in_a_part_leaves_no_parts(moto_endpoint, bucket,
         RetryingStore(s3, base=0.01).put_file(KEY, f)
     assert s3.get(KEY) == data
     assert "Uploads" not in client.list_multipart_uploads(Bucket=bucket)
+
+
+def test_s3_connections_of_all_the_calls_that_may_run_at_once_are_kept(moto_endpoint, bucket,
+                                                                        caplog):
+    """The engine runs up to 32 S3 calls at once, and the lease, sync and control
+    calls run on threads of their own beside them. Before, the client kept at most 32
+    connections: each one beyond was closed as its call ended ("Connection pool is
+    full, discarding connection", logged every time) and opened again for the next."""
+    from tierfs.cold.s3 import S3Store
+
+    calls = 32 + 8
+    s3 = S3Store(bucket, endpoint=moto_endpoint)
+    s3.put(KEY, b"data")
+    # Each GET holds its connection until its body is read: all of them at once here.
+    together = threading.Barrier(calls, timeout=60)
+    s3._client.meta.events.register("after-call.s3.GetObject",
+                                    lambda **_kwargs: together.wait())
+    errors = []
+
+    def get():
+        try:
+            assert s3.get(KEY) == b"data"
+        except Exception as e:  # reported below
+            errors.append(e)
+            together.abort()
+
+    caplog.set_level(logging.WARNING, logger="urllib3.connectionpool")
+    threads = [threading.Thread(target=get) for _ in range(calls)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert not [r for r in caplog.records if "pool is full" in r.getMessage()]
 
 
 def test_s3_endpoint_from_environment(moto_endpoint, bucket, monkeypatch):

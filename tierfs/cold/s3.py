@@ -54,6 +54,11 @@ MAX_CLOCK_SKEW_S = 15 * 60
 MULTIPART_THRESHOLD = 1 << 30
 MULTIPART_PART = 64 << 20  # S3's minimum is 5 MiB (but for the last part)
 MAX_PARTS = 10_000  # S3's limit
+# Connections kept for reuse: one for each call that may run at once, the engine's 32
+# S3 threads and the lease, sync and control calls on threads of their own. A call
+# beyond them closes its connection when it ends (urllib3 warns each time) and the
+# next one opens a new connection.
+MAX_CONNECTIONS = 32 + 16
 CUT_RETRY_S = 0.05  # how often the watchdog looks again at an overdue request still connecting
 
 
@@ -266,7 +271,7 @@ class S3Store:
         self.prefix = prefix.strip("/")
         self.get_timeout = get_timeout  # --cold-timeout: see MIN_GET_RATE
         config = Config(
-            max_pool_connections=32,
+            max_pool_connections=MAX_CONNECTIONS,
             retries={"max_attempts": 1, "mode": "standard"},  # tierfs retries itself
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
