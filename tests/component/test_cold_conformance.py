@@ -1013,6 +1013,28 @@ def test_s3_connections_of_all_the_calls_that_may_run_at_once_are_kept(moto_endp
     assert not [r for r in caplog.records if "pool is full" in r.getMessage()]
 
 
+def test_s3_request_that_fails_is_sent_once(moto_endpoint, bucket):
+    """tierfs retries failed requests itself (RetryingStore, with its time budget and
+    its counts): the store sends each request once. Before, botocore sent a request
+    that failed once more of its own accord, so a request the watchdog ended for
+    running past --cold-timeout failed only after twice that."""
+    import botocore.exceptions as bce
+
+    from tierfs.cold.s3 import S3Store
+
+    s3 = S3Store(bucket, endpoint=moto_endpoint)
+    sent = []
+
+    def reset(request, **_kwargs):
+        sent.append(request.url)
+        raise bce.ConnectionClosedError(endpoint_url=request.url)
+    s3._client.meta.events.register("before-send.s3.GetObject", reset)
+    with pytest.raises(ColdStoreError) as e:
+        s3.get(KEY)
+    assert e.value.transient
+    assert len(sent) == 1, sent
+
+
 def test_s3_endpoint_from_environment(moto_endpoint, bucket, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
     s = open_store(f"s3://{bucket}/some/prefix/")

@@ -272,7 +272,9 @@ class S3Store:
         self.get_timeout = get_timeout  # --cold-timeout: see MIN_GET_RATE
         config = Config(
             max_pool_connections=MAX_CONNECTIONS,
-            retries={"max_attempts": 1, "mode": "standard"},  # tierfs retries itself
+            # tierfs retries itself (RetryingStore): one attempt (max_attempts counts
+            # retries after the first, so 1 had botocore send each failed request twice).
+            retries={"total_max_attempts": 1, "mode": "standard"},
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
             s3={"addressing_style": "path"} if path_style else None,
