@@ -562,18 +562,49 @@ def test_s3_unreachable_endpoint(aws_env):
 
 
 @contextlib.contextmanager
-def trickling_proxy(upstream: str, chunk: int = 64, pause: float = 0.05,
-                    headers: bool = False):
-    """A TCP proxy to `upstream` (http://HOST:PORT) passing requests and the answers'
-    headers through, then each body `chunk` bytes every `pause` seconds: a server or a
-    network that trickles, never silent long enough for a socket timeout. `headers`:
-    the headers trickle too. Yields its endpoint URL."""
+def tcp_proxy(upstream: str, pump):
+    """A TCP proxy to `upstream` (http://HOST:PORT): for each connection, two threads
+    run pump(src, dst, answers, stop), one for the requests (answers False) and one
+    for the answers. Yields its endpoint URL; closes everything at the end."""
     host, port = upstream.rsplit("//", 1)[1].split(":")
     listener = socket.create_server(("127.0.0.1", 0))
     stop = threading.Event()
     sockets, threads = [listener], []
 
-    def pump(src, dst, trickle: bool):
+    def accept():
+        while not stop.is_set():
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # the listener closed
+            server = socket.create_connection((host, int(port)))
+            sockets.extend((client, server))
+            for src, dst, answers in ((client, server, False), (server, client, True)):
+                t = threading.Thread(target=pump, args=(src, dst, answers, stop), daemon=True)
+                t.start()
+                threads.append(t)
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        acceptor.join()
+        for t in threads:
+            t.join()
+
+
+def trickling_proxy(upstream: str, chunk: int = 64, pause: float = 0.05,
+                    headers: bool = False):
+    """A TCP proxy passing requests and the answers' headers through, then each body
+    `chunk` bytes every `pause` seconds: a server or a network that trickles, never
+    silent long enough for a socket timeout. `headers`: the headers trickle too."""
+    def pump(src, dst, trickle: bool, stop):
         head = b""
         try:
             while not stop.is_set():
@@ -594,48 +625,17 @@ def trickling_proxy(upstream: str, chunk: int = 64, pause: float = 0.05,
         except OSError:
             pass  # either side closed
 
-    def accept():
-        while not stop.is_set():
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return  # the listener closed
-            server = socket.create_connection((host, int(port)))
-            sockets.extend((client, server))
-            for src, dst, trickle in ((client, server, False), (server, client, True)):
-                t = threading.Thread(target=pump, args=(src, dst, trickle), daemon=True)
-                t.start()
-                threads.append(t)
-
-    acceptor = threading.Thread(target=accept, daemon=True)
-    acceptor.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        stop.set()
-        for sock in sockets:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
-        acceptor.join()
-        for t in threads:
-            t.join()
+    return tcp_proxy(upstream, pump)
 
 
-@contextlib.contextmanager
 def cutting_proxy(upstream: str, cut: str | None, strip: bytes | None = None):
-    """A TCP proxy to `upstream` (http://HOST:PORT) that closes the connection
-    partway through each answer: after its status line (cut="status") or after its
-    headers (cut="body"), as a network or a middlebox that drops it there; None: the
-    answers go through whole. `strip`: a request header it removes (b"Range"), as a
-    middlebox that does not pass it on. Yields its endpoint URL."""
-    host, port = upstream.rsplit("//", 1)[1].split(":")
+    """A TCP proxy that closes the connection partway through each answer: after its
+    status line (cut="status") or after its headers (cut="body"), as a network or a
+    middlebox that drops it there; None: the answers go through whole. `strip`: a
+    request header it removes (b"Range"), as a middlebox that does not pass it on."""
     marker = b"\r\n" if cut == "status" else b"\r\n\r\n"
-    listener = socket.create_server(("127.0.0.1", 0))
-    stop = threading.Event()
-    sockets, threads = [listener], []
 
-    def pump(src, dst, cutting: bool):
+    def pump(src, dst, cutting: bool, stop):
         answer = b""
         try:
             while not stop.is_set():
@@ -658,32 +658,7 @@ def cutting_proxy(upstream: str, cut: str | None, strip: bytes | None = None):
                 with contextlib.suppress(OSError):
                     dst.shutdown(socket.SHUT_RDWR)
 
-    def accept():
-        while not stop.is_set():
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return  # the listener closed
-            server = socket.create_connection((host, int(port)))
-            sockets.extend((client, server))
-            for src, dst, cutting in ((client, server, False), (server, client, True)):
-                t = threading.Thread(target=pump, args=(src, dst, cutting), daemon=True)
-                t.start()
-                threads.append(t)
-
-    acceptor = threading.Thread(target=accept, daemon=True)
-    acceptor.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        stop.set()
-        for sock in sockets:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
-        acceptor.join()
-        for t in threads:
-            t.join()
+    return tcp_proxy(upstream, pump)
 
 
 @pytest.mark.parametrize("cut, op", [("status", "size"), ("status", "get"),

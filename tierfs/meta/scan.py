@@ -66,8 +66,8 @@ def refs(store) -> Iterator[tuple[int, Ref]]:
 
 
 def paths_of(store, inos) -> dict[int, str]:
-    """A path for each of `inos` (as paths() names them), holding in memory only the
-    names on their way up: one pass over the dentries per level of the tree."""
+    """A path for each of `inos` (hard links: any of its names), holding in memory
+    only the names on their way up: one pass over the dentries per level of the tree."""
     parent_of: dict[int, tuple[int, bytes]] = {}
     wanted = set(inos) - {s.ROOT_INO}
     while wanted:
@@ -79,27 +79,6 @@ def paths_of(store, inos) -> dict[int, str]:
     out = {s.ROOT_INO: "/"}
     for ino in inos:
         chain, cur = [], ino
-        while cur not in out and cur in parent_of and len(chain) <= len(parent_of):
-            chain.append(cur)
-            cur = parent_of[cur][0]
-        base = out.get(cur)
-        for node in reversed(chain):
-            if base is None:
-                out[node] = f"<unreachable inode {node}>"
-                continue
-            base = out[node] = base.rstrip("/") + "/" + parent_of[node][1].decode(errors="replace")
-    return out
-
-
-def paths(store) -> dict[int, str]:
-    """One path per reachable inode (hard links: any of its names)."""
-    parent_of: dict[int, tuple[int, bytes]] = {}
-    for parent, name, child, _cookie in dentries(store):
-        parent_of.setdefault(child, (parent, name))
-    out = {s.ROOT_INO: "/"}
-    for ino in parent_of:
-        chain = []
-        cur = ino
         while cur not in out and cur in parent_of and len(chain) <= len(parent_of):
             chain.append(cur)
             cur = parent_of[cur][0]
