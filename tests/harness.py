@@ -1,7 +1,9 @@
 """Mount the real tierfs daemon for tests and always clean up after it."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import errno
 import mmap
 import os
 import re
@@ -323,6 +325,33 @@ def sweep_dead_sessions() -> list[str]:
                 unmount_lazy(path)
                 stopped.append(path)
     return stopped
+
+
+@contextlib.contextmanager
+def small_disk(path, size: str):
+    """A tmpfs of `size` ("16m") mounted on the directory `path` (made if missing): a
+    disk to fill up without filling the machine's. Unmounted at the end, also when
+    the test fails."""
+    os.makedirs(path, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                   check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def fill_disk(path, leave: int = 0) -> None:
+    """Write a file at `path` until its disk is full (ENOSPC), then give `leave`
+    bytes of it back."""
+    with open(path, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(bytes(4096))
+        except OSError as e:
+            assert e.errno == errno.ENOSPC, e
+        if leave:
+            f.truncate(os.fstat(f.fileno()).st_size - leave)
 
 
 def write_file(path: str, data: bytes) -> None:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
 
 import pytest
 
 from tierfs.errors import FsError
+
+from tests.harness import fill_disk, small_disk as harness_small_disk
 
 from .harness import engine_stack, run
 
@@ -20,24 +21,8 @@ PAGE = 4 * KiB
 @pytest.fixture
 def small_disk(tmp_path):
     """A 4 MiB tmpfs for the whole stack (hot tier and metadata)."""
-    disk = tmp_path / "small"
-    disk.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], check=True)
-    try:
+    with harness_small_disk(tmp_path / "small", "4m") as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=True)
-
-
-def _fill_leaving(path: str, free: int) -> None:
-    """Fill the disk of `path` with a file there, then give back `free` bytes."""
-    with open(path, "wb", buffering=0) as f:
-        try:
-            while True:
-                f.write(bytes(PAGE))
-        except OSError as e:
-            assert e.errno == errno.ENOSPC, e
-        f.truncate(os.fstat(f.fileno()).st_size - free)
 
 
 def _stack(disk):
@@ -54,7 +39,7 @@ def test_bytes_of_a_short_write_never_show_after_the_file_grows(small_disk):
             ino = s.create()
             await s.engine.write(ino, 0, b"a" * 1000)
             filler = str(small_disk / "filler")
-            _fill_leaving(filler, 2 * PAGE)
+            fill_disk(filler, leave=2 * PAGE)
             with pytest.raises(FsError) as err:
                 await s.engine.write(ino, 1000, b"b" * (E - 1000))
             assert err.value.errno == errno.ENOSPC
@@ -79,7 +64,7 @@ def test_a_short_write_over_a_clean_copy_leaves_the_file_as_it_was(small_disk):
             await s.uploader.flush({ino})
             assert not s.engine.index.dirty
             filler = str(small_disk / "filler")
-            _fill_leaving(filler, 2 * PAGE)
+            fill_disk(filler, leave=2 * PAGE)
             with pytest.raises(FsError) as err:
                 await s.engine.write(ino, 0, b"b" * E)
             assert err.value.errno == errno.ENOSPC
@@ -160,7 +145,7 @@ def test_a_short_write_over_a_clean_copy_whose_commit_fails_too_never_flips(smal
             await s.engine.write(ino, 0, b"a" * 1000)
             await s.uploader.flush({ino})
             filler = str(small_disk / "filler")
-            _fill_leaving(filler, 2 * PAGE)
+            fill_disk(filler, leave=2 * PAGE)
             failed = _fail_next_write_commit(s)
             with pytest.raises(FsError) as err:
                 await s.engine.write(ino, 0, b"b" * E)

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tests.fuse.test_tiering import bucket_client, data_objects, make_cold, pattern, status
-from tests.harness import drop_page_cache, read_file, write_file
+from tests.harness import drop_page_cache, fill_disk, read_file, small_disk, write_file
 from tests.moto_server import s3_env
 
 MiB = 1 << 20
@@ -675,30 +675,17 @@ def test_metadata_map_grows_then_enospc(mount_factory):
     m.allowed_log.append("metadata database is full")
 
 
-def _fill_disk(path: str) -> None:
-    """Write a file at `path` until its disk is full."""
-    with open(path, "wb", buffering=0) as f:
-        try:
-            while True:
-                f.write(bytes(64 << 10))
-        except OSError as e:
-            assert e.errno == errno.ENOSPC, e
-
-
 def test_a_full_cache_disk_gives_enospc_not_eio(mount_factory, tmp_path):
     """The metadata database shares the cache dir's disk: once something else has
     filled that disk, creates fail with ENOSPC (the database cannot grow), not with
     EIO and a traceback; the mount stays up, and works again once there is room."""
-    small = tmp_path / "small"
-    small.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(small)], check=True)
-    try:
+    with small_disk(tmp_path / "small", "24m") as small:
         m = mount_factory(args=("--extent-size", "64K", "--min-free", "0"), start=False)
         m.cache_dir = str(small / "cache")
         m.start()
         try:
             write_file(m.path("kept"), pattern(MiB, 1))
-            _fill_disk(str(small / "filler"))
+            fill_disk(small / "filler")
             names = []
             with pytest.raises(OSError) as err:
                 for i in range(20000):
@@ -714,8 +701,6 @@ def test_a_full_cache_disk_gives_enospc_not_eio(mount_factory, tmp_path):
             m.allowed_log.append("cache disk is full")
         finally:
             m.cleanup()
-    finally:
-        subprocess.run(["umount", "-l", str(small)], check=True)
 
 
 @pytest.mark.allow_log_errors

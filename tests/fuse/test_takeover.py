@@ -13,7 +13,8 @@ import pytest
 
 from tests.fuse.test_durability import s3env, s3m  # noqa: F401 (fixtures)
 from tests.fuse.test_tiering import bucket_client, data_objects, pattern, status
-from tests.harness import drop_page_cache, read_file, wait_until, write_file
+from tests.harness import (drop_page_cache, fill_disk, read_file, small_disk, wait_until,
+                           write_file)
 
 MiB = 1 << 20
 TAKEN_OVER = r"taken over by"  # the ERROR line a fenced daemon logs once
@@ -249,23 +250,15 @@ def test_a_daemon_that_fails_its_final_checkpoint_on_a_full_cache_disk_keeps_the
     metadata, and the daemon ends with that error. The lease must stay held, as
     after any final checkpoint that did not land, or another node would start at
     once from the older checkpoint, without what was changed since."""
-    import subprocess
     cache = tmp_path / "a-cache"
-    cache.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(cache)], check=True)
     a = mount_factory(name="a", args=("--extent-size", "256K", "--cache-size", "2M",
                                       "--min-free", "0"), start=False)
-    try:
+    with small_disk(cache, "16m"):
         a.start()
         write_file(a.path("f"), b"in the bucket")
         a.cli("sync", a.mountpoint, "--wait", check=True)
         os.mkdir(a.path("after"))                  # in no checkpoint yet
-        with open(cache / "filler", "wb") as f:    # the cache disk fills up
-            with pytest.raises(OSError) as full:
-                while True:
-                    f.write(b"\0" * (1 << 20))
-                    f.flush()
-        assert full.value.errno == errno.ENOSPC
+        fill_disk(cache / "filler")                # the cache disk fills up
         res = a.cli("umount", a.mountpoint)
         a.pid = None
         assert res.returncode == 3, (res.returncode, res.stdout, res.stderr)
@@ -276,9 +269,6 @@ def test_a_daemon_that_fails_its_final_checkpoint_on_a_full_cache_disk_keeps_the
         a.start()                                  # the same cache dir has it all
         assert sorted(os.listdir(a.mountpoint)) == ["after", "f"]
         a.umount()
-    finally:
-        a.cleanup()
-        subprocess.run(["umount", str(cache)], check=True)
 
 
 @pytest.mark.allow_log_errors
@@ -286,21 +276,14 @@ def test_a_sync_wait_whose_checkpoint_finds_the_cache_disk_full_says_so(mount_fa
     """A checkpoint copies the metadata into the cache dir first: on a full cache disk
     that fails. `sync --wait` then says that in one line and exits 3 (not in the
     bucket), instead of losing its connection to a traceback in the daemon's log."""
-    import subprocess
     cache = tmp_path / "a-cache"
-    cache.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(cache)], check=True)
     a = mount_factory(name="a", args=("--extent-size", "256K", "--cache-size", "2M",
                                       "--min-free", "0"), start=False)
-    try:
+    with small_disk(cache, "16m"):
         a.start()
         write_file(a.path("f"), b"in the bucket")
         a.cli("sync", a.mountpoint, "--wait", check=True)
-        with open(cache / "filler", "wb") as f:    # the cache disk fills up
-            with pytest.raises(OSError):
-                while True:
-                    f.write(b"\0" * (1 << 20))
-                    f.flush()
+        fill_disk(cache / "filler")                # the cache disk fills up
         res = a.cli("sync", a.mountpoint, "--wait", "--timeout", "60")
         assert res.returncode == 3, (res.returncode, res.stdout, res.stderr)
         assert "No space left on device" in one_line_error(res)
@@ -308,9 +291,6 @@ def test_a_sync_wait_whose_checkpoint_finds_the_cache_disk_full_says_so(mount_fa
         os.unlink(cache / "filler")
         a.cli("sync", a.mountpoint, "--wait", check=True)
         a.umount()
-    finally:
-        a.cleanup()
-        subprocess.run(["umount", str(cache)], check=True)
 
 
 def test_a_mount_refused_after_recovering_does_not_pose_as_the_last_writer(mount_factory):
