@@ -19,6 +19,14 @@ def inodes(store) -> Iterator[Inode]:
         yield Inode.decode(s.read_u64(key, 1), val)
 
 
+def inodes_by_number(store, inos) -> dict[int, Inode | None]:
+    """The inodes numbered `inos` (None where missing), read in one round trip."""
+    inos = list(inos)
+    with store.kv.read() as txn:
+        raws = store.kv.get_many(txn, [s.inode_key(i) for i in inos])
+    return {i: None if raw is None else Inode.decode(i, raw) for i, raw in zip(inos, raws)}
+
+
 def dentries(store) -> Iterator[tuple[int, bytes, int, int]]:
     """(parent, name, child ino, cookie)."""
     for key, val in _scan(store, b"D"):

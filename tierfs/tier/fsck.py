@@ -4,18 +4,23 @@ Checks metadata against itself (dentries, cookies, link counts, parents),
 against the hot tier (extent files present, no strays) and against the bucket
 (referenced objects exist, no orphan objects). With repair=True it fixes what
 it safely can and says what it did; data that is gone is reported, never
-invented.
+invented. It walks the metadata in key order and holds no copy of the namespace:
+a large one does not fit in memory (docs/architecture.md, fsck).
 """
 from __future__ import annotations
 
+import heapq
 import stat
 from dataclasses import dataclass, replace
+from itertools import groupby, islice
+from operator import itemgetter
 
 from ..checksum import object_matches
 from ..errors import ColdStoreError, ObjectNotFound
 from ..meta import scan
 from ..meta import schema as s
 from ..meta.schema import DIRTY, HOT, ROOT_INO, Ref, object_name
+from .sortrun import SortedRecords
 
 
 @dataclass
@@ -44,48 +49,92 @@ class Fsck:
         self.findings.append(Finding(problem, fix if self.repair else ""))
 
     def run(self) -> list[Finding]:
-        self.inodes = {n.ino: n for n in scan.inodes(self.meta)}
         self.check_namespace()
         self.check_extents()
         self.check_packs()
         return self.findings
 
+    def with_inodes(self, records, inos_of):
+        """Each record with a table of the inodes it names (None: missing). A large
+        namespace does not fit in memory: they are read for 1,000 records at a time,
+        one round trip each to a database server."""
+        records = iter(records)
+        while batch := list(islice(records, 1000)):
+            nodes = scan.inodes_by_number(self.meta, {i for r in batch for i in inos_of(r)})
+            for record in batch:
+                yield record, nodes
+
     # ---- namespace ---------------------------------------------------------------
+    # Walked in key order, holding no table of the namespace: the names of each inode
+    # (and the subdirectories of each directory) are counted by sorting one record per
+    # entry on disk, and read back in inode order next to the inodes.
     def check_namespace(self) -> None:
-        meta, inodes = self.meta, self.inodes
-        links: dict[int, int] = {}
-        subdirs: dict[int, int] = {}
-        dentry_cookies = set()
-        for parent, name, child, cookie in scan.dentries(meta):
-            if child not in inodes or parent not in inodes:
+        counts = SortedRecords(2)  # (child, 0) per entry, (parent, 1) per subdirectory
+        try:
+            bad = self.check_dentries(counts)
+            self.check_cookies(bad)
+            self.check_inodes(counts)
+        finally:
+            counts.close()
+
+    def check_dentries(self, counts: SortedRecords) -> set[tuple[int, bytes]]:
+        """Returns the (parent, name) of the entries found pointing nowhere."""
+        meta = self.meta
+        bad = set()
+        entries = self.with_inodes(scan.dentries(meta), itemgetter(0, 2))
+        for (parent, name, child, cookie), nodes in entries:
+            node = nodes[child]
+            if node is None or nodes[parent] is None:
                 self.found(f"entry {name!r} in directory {parent} points to missing inode {child}",
                            "removed the entry")
+                bad.add((parent, name))
                 if self.repair:
                     meta.delete_raw([s.dentry_key(parent, name), s.cookie_key(parent, cookie)])
                 continue
-            dentry_cookies.add((parent, cookie))
-            links[child] = links.get(child, 0) + 1
-            if stat.S_ISDIR(inodes[child].mode):
-                subdirs[parent] = subdirs.get(parent, 0) + 1
-                if inodes[child].parent != parent:
-                    self.found(f"directory {child} names {inodes[child].parent} as parent, "
+            counts.add(child, 0)
+            if stat.S_ISDIR(node.mode):
+                counts.add(parent, 1)
+                if node.parent != parent:
+                    self.found(f"directory {child} names {node.parent} as parent, "
                                f"but lives in {parent}", "fixed its parent")
                     if self.repair:
-                        inodes[child].parent = parent
-                        meta.put_inode(inodes[child])
-        for parent, cookie, name in scan.cookies(meta):
-            if (parent, cookie) not in dentry_cookies:
-                self.found(f"readdir cookie {cookie} of directory {parent} has no entry",
+                        node.parent = parent
+                        meta.put_inode(node)
+        return bad
+
+    def check_cookies(self, bad: set[tuple[int, bytes]]) -> None:
+        """Cookies and entries are both in directory order: one directory's cookies are
+        held at a time."""
+        meta = self.meta
+        dirs = ((parent, {c for _p, name, _child, c in names if (parent, name) not in bad})
+                for parent, names in groupby(scan.dentries(meta), key=itemgetter(0)))
+        parent, have = -1, set()
+        for p, cookie, _name in scan.cookies(meta):
+            while parent < p:
+                parent, have = next(dirs, (float("inf"), set()))
+            if parent != p or cookie not in have:
+                self.found(f"readdir cookie {cookie} of directory {p} has no entry",
                            "removed the cookie")
                 if self.repair:
-                    meta.delete_raw([s.cookie_key(parent, cookie)])
+                    meta.delete_raw([s.cookie_key(p, cookie)])
+
+    def check_inodes(self, counts: SortedRecords) -> None:
+        meta = self.meta
         orphans = set(meta.orphans())
-        for ino, node in inodes.items():
-            if stat.S_ISDIR(node.mode):
-                want = 2 + subdirs.get(ino, 0)
-            else:
-                want = links.get(ino, 0)
-            if ino != ROOT_INO and links.get(ino, 0) == 0:
+        tallies = iter(counts)
+        tally = next(tallies, None)
+        for node in scan.inodes(meta):
+            ino = node.ino
+            links = subdirs = 0
+            while tally is not None and tally[0] <= ino:
+                if tally[0] == ino:
+                    if tally[1]:
+                        subdirs += 1
+                    else:
+                        links += 1
+                tally = next(tallies, None)
+            want = 2 + subdirs if stat.S_ISDIR(node.mode) else links
+            if ino != ROOT_INO and links == 0:
                 if ino in orphans:
                     self.found(f"inode {ino} was unlinked while open and not purged",
                                "purged it")
@@ -97,7 +146,7 @@ class Fsck:
                     self.found(f"inode {ino} is not reachable from the root",
                                "linked it into /lost+found")
                     if self.repair:
-                        self.to_lost_found(ino)
+                        self.to_lost_found(node)
                 continue
             if node.nlink != want:
                 self.found(f"inode {ino} has link count {node.nlink}, expected {want}",
@@ -106,12 +155,12 @@ class Fsck:
                     node.nlink = want
                     meta.put_inode(node)
 
-    def to_lost_found(self, ino: int) -> None:
+    def to_lost_found(self, node) -> None:
+        ino = node.ino
         try:
             lf = self.meta.lookup(ROOT_INO, b"lost+found")
         except Exception:
             lf = self.meta.create_node(ROOT_INO, b"lost+found", stat.S_IFDIR | 0o700, 0, 0).ino
-        node = self.inodes[ino]
         if stat.S_ISDIR(node.mode):
             node.nlink = 0  # link() refuses directories; re-create the entry by hand
             self.meta.put_inode(node)
@@ -148,13 +197,13 @@ class Fsck:
         if self.on_progress is not None:  # a metadata pass, cheap next to reading the data
             self.verify_total = sum(self.verify_bytes(x) for _i, _x, x in scan.extents(meta))
         weight = 0  # of the previous extent: counted once its checks are done
-        for ino, idx, ext in scan.extents(meta):
+        for (ino, idx, ext), nodes in self.with_inodes(scan.extents(meta), itemgetter(0, 0)):
             self.progress(weight)
             weight = self.verify_bytes(ext)
             key = (ino, idx)
             has_file = idx in hot.get(ino, ())
             hot.get(ino, set()).discard(idx)
-            node = self.inodes.get(ino)
+            node = nodes[ino]
             if ext.obj_id:
                 referenced.add(ext.obj_id)
             if node is None or idx * E >= node.size:
@@ -242,21 +291,38 @@ class Fsck:
         reference has its extent: a missing one would let gc delete a pack still in
         use, a stale one would keep a dead pack forever."""
         meta = self.meta
-        packs = {obj_id: pack for obj_id, pack in scan.packs(meta)}
-        users: dict[int, dict[int, Ref]] = {}
-        for ino, idx, ext in scan.extents(meta):
-            if ext.obj_id:
-                users.setdefault(ext.obj_id, {})[ext.obj_off] = Ref(ext.obj_off, ext.obj_len,
-                                                                    ino, idx)
-        recorded: dict[int, dict[int, Ref]] = {}
-        for obj_id, ref in scan.refs(meta):
-            recorded.setdefault(obj_id, {})[ref.offset] = ref
-        # An object of one extent lies at offset 0: one used at another offset, or by
-        # several extents, is a pack, whether its records say so or not.
-        shared = {obj_id for obj_id, used in users.items() if len(used) > 1 or 0 not in used}
-        for obj_id in sorted(packs.keys() | recorded.keys() | shared):
-            want, have = users.get(obj_id, {}), recorded.get(obj_id, {})
-            if obj_id not in packs and want:
+        # Objects in id order, one at a time: its pack record, its recorded references
+        # and the extents using it (sorted by object on disk), never all of them at once.
+        users = SortedRecords(5)  # (object, offset, ino, index, length)
+        try:
+            for ino, idx, ext in scan.extents(meta):
+                if ext.obj_id:
+                    users.add(ext.obj_id, ext.obj_off, ino, idx, ext.obj_len)
+            self.check_objects(users)
+        finally:
+            users.close()
+        if self.repair:
+            meta.sync()
+
+    def check_objects(self, users: SortedRecords) -> None:
+        meta = self.meta
+        packs = ((obj_id, 0, True) for obj_id, _pack in scan.packs(meta))
+        recorded = ((obj_id, 1, {ref.offset: ref for _o, ref in refs})
+                    for obj_id, refs in groupby(scan.refs(meta), key=itemgetter(0)))
+        # The last extent in key order wins an offset used twice, as a table would have it.
+        using = ((obj_id, 2, {off: Ref(off, length, ino, idx)
+                              for _o, off, ino, idx, length in group})
+                 for obj_id, group in groupby(users, key=itemgetter(0)))
+        for obj_id, parts in groupby(heapq.merge(packs, recorded, using, key=itemgetter(0, 1)),
+                                     key=itemgetter(0)):
+            got = {kind: value for _o, kind, value in parts}
+            is_pack, want, have = 0 in got, got.get(2, {}), got.get(1, {})
+            # An object of one extent lies at offset 0: one used at another offset, or by
+            # several extents, is a pack, whether its records say so or not.
+            shared = bool(want) and (len(want) > 1 or 0 not in want)
+            if not (is_pack or have or shared):
+                continue
+            if not is_pack and want:
                 # Without its record, dropping one file's piece would send the whole
                 # object to gc.
                 self.found(f"pack {obj_id} has lost its record ({len(want)} extents use it)",
@@ -265,7 +331,7 @@ class Fsck:
                     meta.set_pack_refs(obj_id, list(want.values()),
                                        total=self.pack_size(obj_id, want.values()))
                 continue
-            if obj_id not in packs:
+            if not is_pack:
                 self.found(f"references into object {obj_id}, which is not a pack",
                            "removed them")
             elif want == have:
@@ -278,9 +344,7 @@ class Fsck:
                 self.found(f"pack {obj_id}: {missing} file reference(s) not recorded, "
                            f"{stale} recorded for no file", "recorded the right ones")
             if self.repair:
-                meta.set_pack_refs(obj_id, list(want.values()) if obj_id in packs else [])
-        if self.repair:
-            meta.sync()
+                meta.set_pack_refs(obj_id, list(want.values()) if is_pack else [])
 
     def pack_size(self, obj_id: int, refs) -> int:
         """A pack's size: its object's, or (gone from the bucket) the end of its last piece."""
