@@ -19,7 +19,7 @@ import tracemalloc
 
 from tierfs.cold.file import FileStore
 from tierfs.meta import MetaStore
-from tierfs.meta.schema import ROOT_INO, Extent, Ref, Superblock
+from tierfs.meta.schema import ROOT_INO, Extent, Ref, Superblock, object_name
 from tierfs.tier import checkpoint
 from tierfs.tier.recover import recover
 
@@ -27,7 +27,9 @@ PER_DIR = 1000
 FILE_SIZE = 100_000
 
 
-def build(meta: MetaStore, files: int) -> None:
+def build(meta: MetaStore, files: int, file_size: int = FILE_SIZE, cold=None) -> None:
+    """`files` small files, PER_DIR a directory, each one extent in its directory's
+    pack; with `cold`, the files have their size and the packs are put there too."""
     for first in range(0, files, PER_DIR):
         folder = meta.create_node(ROOT_INO, b"d%07d" % first, stat.S_IFDIR | 0o755, 0, 0)
         pack = meta.next_object_id()
@@ -35,9 +37,14 @@ def build(meta: MetaStore, files: int) -> None:
         for i in range(min(PER_DIR, files - first)):
             node = meta.create_node(folder.ino, b"file-%07d.jpg" % (first + i),
                                     stat.S_IFREG | 0o644, 0, 0)
-            extents[(node.ino, 0)] = Extent(0, FILE_SIZE, 1, pack, i * FILE_SIZE, FILE_SIZE)
-            refs.append(Ref(i * FILE_SIZE, FILE_SIZE, node.ino, 0))
-        meta.update(None, extents, packs={pack: (len(refs) * FILE_SIZE, refs)})
+            if cold is not None:
+                node.size = file_size
+                meta.put_inode(node)
+            extents[(node.ino, 0)] = Extent(0, file_size, 1, pack, i * file_size, file_size)
+            refs.append(Ref(i * file_size, file_size, node.ino, 0))
+        meta.update(None, extents, packs={pack: (len(refs) * file_size, refs)})
+        if cold is not None:
+            cold.put(object_name(pack), b"\0" * (len(refs) * file_size))
     meta.sync()
 
 

@@ -12,37 +12,19 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import stat
 import tempfile
 import time
 import tracemalloc
 
+from bench_checkpoint_memory import build  # scripts/, beside this one
 from tierfs.cold.file import FileStore
 from tierfs.hot.store import HotStore
 from tierfs.meta import MetaStore
-from tierfs.meta.schema import ROOT_INO, Extent, Ref, Superblock, object_name
+from tierfs.meta.schema import Superblock
 from tierfs.tier.fsck import Fsck
 
-PER_DIR = 1000
 FILE_SIZE = 1000
 E = 4 << 20
-
-
-def build(meta: MetaStore, cold, files: int) -> None:
-    for first in range(0, files, PER_DIR):
-        folder = meta.create_node(ROOT_INO, b"d%07d" % first, stat.S_IFDIR | 0o755, 0, 0)
-        pack = meta.next_object_id()
-        extents, refs = {}, []
-        for i in range(min(PER_DIR, files - first)):
-            node = meta.create_node(folder.ino, b"file-%07d.jpg" % (first + i),
-                                    stat.S_IFREG | 0o644, 0, 0)
-            node.size = FILE_SIZE
-            meta.put_inode(node)
-            extents[(node.ino, 0)] = Extent(0, FILE_SIZE, 1, pack, i * FILE_SIZE, FILE_SIZE)
-            refs.append(Ref(i * FILE_SIZE, FILE_SIZE, node.ino, 0))
-        meta.update(None, extents, packs={pack: (len(refs) * FILE_SIZE, refs)})
-        cold.put(object_name(pack), b"\0" * (len(refs) * FILE_SIZE))
-    meta.sync()
 
 
 def main() -> None:
@@ -56,7 +38,7 @@ def main() -> None:
         meta.format(Superblock(fs_id="bench", extent_size=E), 0, 0)
         cold = FileStore(os.path.join(work, "bucket"))
         cold.check()
-        build(meta, cold, args.files)
+        build(meta, args.files, FILE_SIZE, cold)
         lmdb = os.path.getsize(os.path.join(work, "meta", "data.mdb"))
         hot = HotStore(os.path.join(work, "hot"))
         tracemalloc.start()
