@@ -142,6 +142,18 @@ def test_umount_of_a_mount_point_with_odd_characters(mount_factory):
         assert "odd\\040\\134\\040\\011name-mnt" not in f.read()
 
 
+def _held_in_final_checkpoint(mount_factory, tmp_path):
+    """A mount whose next checkpoint the bucket takes and never answers (until its
+    fault file is emptied): its daemon is held up in the final checkpoint of an
+    unmount. Returns (the mount, its fault file)."""
+    faults = tmp_path / "faults.json"
+    faults.write_text("{}")
+    m = mount_factory(args=("--fault-file", str(faults)))
+    os.mkdir(m.path("d"))  # a change the final checkpoint has to take to the bucket
+    faults.write_text(json.dumps({"hang": True, "hang_ops": ["put"]}))
+    return m, faults
+
+
 @pytest.mark.allow_log_errors
 def test_umount_of_a_daemon_killed_while_it_unmounts_is_not_reported_clean(mount_factory,
                                                                          tmp_path):
@@ -149,11 +161,7 @@ def test_umount_of_a_daemon_killed_while_it_unmounts_is_not_reported_clean(mount
     exit report: umount cannot know what reached the bucket, so it says so (exit 3)
     instead of 'unmounted' and exit 0."""
     from tests.harness import wait_until
-    faults = tmp_path / "faults.json"
-    faults.write_text("{}")
-    m = mount_factory(args=("--fault-file", str(faults)))
-    os.mkdir(m.path("d"))  # a change the final checkpoint has to take to the bucket
-    faults.write_text(json.dumps({"hang": True, "hang_ops": ["put"]}))
+    m, _faults = _held_in_final_checkpoint(mount_factory, tmp_path)
     umount = subprocess.Popen([sys.executable, "-m", "tierfs", "umount", m.mountpoint],
                               env=m.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True)
@@ -179,11 +187,7 @@ def test_umount_timeout_bounds_the_wait_for_a_daemon_that_does_not_exit(mount_fa
     uploaded is not known to be in the bucket)."""
     from tests.harness import wait_until
     from tierfs import registry
-    faults = tmp_path / "faults.json"
-    faults.write_text("{}")
-    m = mount_factory(args=("--fault-file", str(faults)))
-    os.mkdir(m.path("d"))  # a change the final checkpoint has to take to the bucket
-    faults.write_text(json.dumps({"hang": True, "hang_ops": ["put"]}))
+    m, faults = _held_in_final_checkpoint(mount_factory, tmp_path)
     pid = m.pid
     try:
         res = m.cli("umount", m.mountpoint, "--timeout", "3", timeout=120)
@@ -207,11 +211,7 @@ def test_ctrl_c_while_umount_waits_for_the_daemon_says_what_goes_on(mount_factor
     the mount is gone and which daemon goes on in the background."""
     from tests.harness import wait_until
     from tierfs import registry
-    faults = tmp_path / "faults.json"
-    faults.write_text("{}")
-    m = mount_factory(args=("--fault-file", str(faults)))
-    os.mkdir(m.path("d"))  # a change the final checkpoint has to take to the bucket
-    faults.write_text(json.dumps({"hang": True, "hang_ops": ["put"]}))
+    m, faults = _held_in_final_checkpoint(mount_factory, tmp_path)
     pid = m.pid
     umount = subprocess.Popen([sys.executable, "-m", "tierfs", "umount", m.mountpoint],
                               env=m.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
