@@ -7,7 +7,10 @@ ImageFolder, numpy.load, torch.load of a path) uses the direct path.
     DataLoader(ds, num_workers=8, worker_init_fn=lambda _: tierfs.accelerate())
 
 Only binary modes of paths whose absolute form lies below a tierfs mount point of this
-process (from /proc/self/mountinfo, read again at most every two seconds) are routed;
+process (from /proc/self/mountinfo, read again at most every two seconds) are routed,
+and of those not appends ("a"): a direct writer appends at the end it knows, while code
+written for open() may append to one file from many processes (a shared log), which
+only the kernel's O_APPEND keeps from overwriting each other;
 everything else, and anything tierfs.open cannot serve, is the builtin open() as before.
 A path reaching a mount through a symlink from outside is not routed (it is opened as
 usual). accelerate(False) puts the builtin back.
@@ -61,7 +64,7 @@ def on_tierfs(path: str) -> bool:
 
 def routed_open(file, mode="r", buffering=-1, encoding=None, errors=None, newline=None,
                 closefd=True, opener=None):
-    if ("b" in mode and encoding is None and errors is None and newline is None and closefd
+    if ("b" in mode and "a" not in mode and encoding is None and errors is None and newline is None and closefd
             and opener is None and not isinstance(file, int)):
         try:
             path = os.fsdecode(os.fspath(file))

@@ -1,6 +1,7 @@
 """An fsspec filesystem for tierfs mounts, protocol "tierfs" (the optional extra
 `tierfs[fsspec]`): URLs such as "tierfs:///mnt/tierfs/ckpt/step-1000" name paths on a
-mount as this node sees them. Files are opened with tierfs.open (the direct path);
+mount as this node sees them. Files are opened with tierfs.open (the direct path),
+but for appends (the mount's O_APPEND keeps appenders in many processes apart);
 everything else (listing, stat, mkdir, rename, delete) goes through the mount, as
 fsspec's local filesystem does it. Libraries that take fsspec URLs (PyTorch
 Lightning, torch.distributed.checkpoint's FsspecWriter and FsspecReader, Hugging
@@ -32,6 +33,8 @@ class TierFileSystem(LocalFileSystem):
         path = self._strip_protocol(path)
         if self.auto_mkdir and any(c in mode for c in "wxa"):
             self.makedirs(self._parent(path), exist_ok=True)
+        if "a" in mode:  # appends through the mount: O_APPEND keeps many appenders apart
+            return super()._open(path, mode, block_size, autocommit=True, **kwargs)
         # fsspec asks for binary modes here (it wraps text modes itself).
         return direct_open(path, mode)
 

@@ -356,6 +356,21 @@ def test_fsspec_urls_read_and_write_the_hot_tier_directly(pub):
 
 
 
+def test_fsspec_appends_land_at_the_end_another_appender_left(pub):
+    """An fsspec append goes through the mount, so it lands after what another process
+    appended while the file was open (a direct writer would write where it began)."""
+    fsspec = pytest.importorskip("fsspec")
+    m = pub()
+    write_file(m.path("log"), b"first\n")
+    with fsspec.open("tierfs://" + m.path("log"), "ab") as f:
+        f.write(b"mine\n")
+        f.flush()
+        with open(m.path("log"), "ab") as other:
+            other.write(b"theirs\n")
+        f.write(b"mine again\n")
+    assert read_file(m.path("log")) == b"first\nmine\ntheirs\nmine again\n"
+
+
 def test_fsspec_transactions_write_aside_and_commit_or_discard(pub):
     """Files opened for writing inside fs.transaction are written aside and moved in
     place when it ends, or dropped if it fails. tierfs:// wrote them in place at
@@ -376,6 +391,37 @@ def test_fsspec_transactions_write_aside_and_commit_or_discard(pub):
                 f.write(data)
             raise RuntimeError("the job fails before its commit")
     assert sorted(os.listdir(m.mountpoint)) == ["kept.bin"]
+
+
+APPENDER = r"""
+import os, sys
+sys.path.insert(0, sys.argv[3])
+import tierfs  # TIERFS_ACCELERATE=1: builtins.open is routed from here on
+tierfs.direct.MOUNT_BELOW = 0
+path, me = sys.argv[1], sys.argv[2]
+for n in range(300):
+    with open(path, "ab") as f:  # a shared log: open, append a line, close
+        f.write(f"{me} {n:04d}\n".encode())
+"""
+
+
+def test_accelerated_appenders_to_one_file_lose_nothing(pub):
+    """Unmodified code appending to one file from many processes relies on O_APPEND:
+    accelerate() leaves appends to the mount, where the kernel keeps each at the end."""
+    m = pub()
+    log_path = m.path("shared.log")
+    before = counters(m)
+    procs = [subprocess.Popen([sys.executable, "-c", APPENDER, log_path, who,
+                               os.path.dirname(os.path.dirname(tierfs.__file__))],
+                              env={**os.environ, "TIERFS_ACCELERATE": "1"},
+                              stderr=subprocess.PIPE, text=True)
+             for who in ("a", "b", "c")]
+    for p in procs:
+        _out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    lines = read_file(log_path).decode().splitlines()
+    assert sorted(lines) == sorted(f"{who} {n:04d}" for who in "abc" for n in range(300))
+    assert grew(before, counters(m), "direct_write_files") == 0
 
 
 ACCELERATED = r"""
