@@ -282,6 +282,38 @@ def _has_cap_sys_ptrace() -> bool:
     return bool(caps >> 19 & 1)  # CAP_SYS_PTRACE is capability 19
 
 
+def _without_cap_sys_ptrace() -> None:
+    """preexec_fn: what this process execs (and so the daemon it starts) runs without
+    CAP_SYS_PTRACE, as in a container started without it."""
+    import ctypes
+    PR_CAPBSET_DROP, CAP_SYS_PTRACE = 24, 19
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE, 0, 0, 0):
+        raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+def test_a_daemon_without_cap_sys_ptrace_leaves_other_users_writes_to_the_mount(pub):
+    """Another user's descriptor can be read in /proc only with CAP_SYS_PTRACE: without
+    it that user's tierfs.open writes through the mount, and nothing is lost."""
+    m = pub()
+    m.umount()
+    m.start(preexec_fn=_without_cap_sys_ptrace)
+    with open(f"/proc/{m.pid}/status") as f:
+        caps = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
+    assert not caps >> 19 & 1, "the daemon still has CAP_SYS_PTRACE"
+    os.chmod(m.mountpoint, 0o1777)
+
+    def as_nobody():
+        with tierfs.open(m.path("theirs"), "wb") as f:
+            f.write(b"nobody's")
+        return True
+
+    before = counters(m)
+    assert in_child_as(NOBODY, NOBODY, [], as_nobody)
+    assert grew(before, counters(m), "direct_write_files") == 0
+    assert read_file(m.path("theirs")) == b"nobody's"
+    assert os.stat(m.path("theirs")).st_uid == NOBODY
+
+
 def _ask(m, req: dict) -> dict:
     """One direct_write request on a new connection; its answer."""
     sock_path = json.loads(os.getxattr(m.mountpoint, "user.tierfs.control"))["socket"]

@@ -131,9 +131,11 @@ class DirectWrite:
         except FileNotFoundError:
             raise FsError(errno.EBADF, "no such descriptor in the client") from None
         except PermissionError:
-            raise FsError(errno.EPERM, "the daemon may not read /proc/PID/fdinfo of "
-                                       "another user's process: it needs CAP_SYS_PTRACE "
-                                       "(docker run --cap-add SYS_PTRACE)") from None
+            raise FsError(errno.EPERM, "the daemon may not read /proc/PID/fdinfo of the "
+                                       "writer (another user's process, or one with "
+                                       "capabilities the daemon lacks): it needs "
+                                       "CAP_SYS_PTRACE (docker run --cap-add SYS_PTRACE)"
+                          ) from None
         except KeyError:
             raise TierfsError("the kernel does not show which file a descriptor is "
                               "(/proc/PID/fdinfo without ino: Linux 5.14 or later)") from None
