@@ -388,9 +388,11 @@ def next_result(results, procs) -> tuple:
         return r
 
 
-def run_parallel(jobs: list[tuple]) -> tuple[list[tuple], float]:
+def run_parallel(jobs: list[tuple], watch: "CpuWatch | None" = None
+                 ) -> tuple[list[tuple], float]:
     """Start one spawned process per (function, *args) job; they all wait on a barrier,
-    the clock starts when it opens. Returns (their results, seconds until the last one)."""
+    the clock (and `watch`) starts when it opens. Returns (their results, seconds until
+    the last one)."""
     barrier = SPAWN.Barrier(len(jobs) + 1)
     results = SPAWN.Queue()
     procs = [SPAWN.Process(target=fn, args=(*fargs, barrier, results), daemon=True)
@@ -399,9 +401,10 @@ def run_parallel(jobs: list[tuple]) -> tuple[list[tuple], float]:
         p.start()
     try:
         barrier.wait(timeout=120)
-        t0 = time.monotonic()
-        out = [next_result(results, procs) for _ in procs]
-        return out, time.monotonic() - t0
+        with watch or contextlib.nullcontext():
+            t0 = time.monotonic()
+            out = [next_result(results, procs) for _ in procs]
+            return out, time.monotonic() - t0
     finally:
         for p in procs:
             p.join(timeout=10)
@@ -431,7 +434,10 @@ class Loader:
         r = next_result(self.results, self.procs)
         return r[1], r[2]
 
-    def epoch(self, order: list[int], compute_s: float) -> dict:
+    def epoch(self, order: list[int], compute_s: float,
+              first_watch: "CpuWatch | None" = None) -> dict:
+        """One epoch in `order`; `first_watch` counts the CPU used until the first
+        batch is in (where a cold epoch waits)."""
         bs, w = self.cfg.batch_size, len(self.tasks)
         batches = [order[i:i + bs] for i in range(0, len(order), bs)]
         ahead = w * self.cfg.prefetch_factor
@@ -440,6 +446,8 @@ class Loader:
             if k < len(batches):
                 self.tasks[k % w].put((k, batches[k]))
 
+        if first_watch is not None:
+            first_watch.__enter__()
         t0 = time.monotonic()
         for k in range(ahead):
             request(k)
@@ -456,6 +464,8 @@ class Loader:
             tenths[10 * k // len(batches)] += waited
             if k == 0:
                 first = waited
+                if first_watch is not None:
+                    first_watch.__exit__(None, None, None)
             ready.pop(k)
             request(k + ahead)
             tc = time.monotonic()
@@ -544,16 +554,17 @@ def read_rate(path: str, expect: int, direct: bool = False) -> float:
 
 
 def parallel_read_rate(paths: list[str], cfg: Config, seed: int,
-                       direct: int | None = None) -> float:
+                       direct: int | None = None, watch: "CpuWatch | None" = None) -> float:
     """Files/s of `threads` processes reading disjoint shares of a shuffled list;
-    direct: through tierfs.open (0) or tierfs.open_many of that many files."""
+    direct: through tierfs.open (0) or tierfs.open_many of that many files. `watch`
+    counts the CPU used while they read (not while they start)."""
     order = list(paths)
     random.Random(seed).shuffle(order)
     n = cfg.threads
     shares = [order[len(order) * i // n:len(order) * (i + 1) // n] for i in range(n)]
     jobs = ([(bw.read_share, share) for share in shares] if direct is None else
             [(bw.read_share_direct, share, direct) for share in shares])
-    out, elapsed = run_parallel(jobs)
+    out, elapsed = run_parallel(jobs, watch)
     files = sum(r[1] for r in out)
     nbytes = sum(r[2] for r in out)
     if files != len(paths) or nbytes != len(paths) * cfg.small_file_bytes:
@@ -627,8 +638,8 @@ def w3_small_files(t, cfg: Config, ctx: dict) -> dict:
     drop_caches()
     out["w3_read_hot_fps"] = parallel_read_rate(paths, cfg, seed=ctx["seed"] + 1)
     before = daemon_cost(t)
-    with CpuWatch() as cpu:
-        out["w3_read_warm_fps"] = parallel_read_rate(paths, cfg, seed=ctx["seed"] + 2)
+    cpu = CpuWatch()
+    out["w3_read_warm_fps"] = parallel_read_rate(paths, cfg, seed=ctx["seed"] + 2, watch=cpu)
     after = daemon_cost(t)
     out["w3_warm_machine_busy_pct"] = cpu.result["machine_busy_pct"]
     out["w3_warm_cpu_us_per_file"] = cpu.result["cpu_s"] / len(paths) * 1e6
@@ -640,9 +651,9 @@ def w3_small_files(t, cfg: Config, ctx: dict) -> dict:
         drop_caches()
         out["w3_read_hot_direct_fps"] = parallel_read_rate(paths, cfg, ctx["seed"] + 1, 0)
         out["w3_read_warm_direct_fps"] = parallel_read_rate(paths, cfg, ctx["seed"] + 2, 0)
-        with CpuWatch(t.mount.pid) as cpu:
-            out["w3_read_warm_batch_fps"] = parallel_read_rate(paths, cfg, ctx["seed"] + 2,
-                                                               64)
+        cpu = CpuWatch(t.mount.pid)
+        out["w3_read_warm_batch_fps"] = parallel_read_rate(paths, cfg, ctx["seed"] + 2, 64,
+                                                           watch=cpu)
         out["w3_warm_batch_machine_busy_pct"] = cpu.result["machine_busy_pct"]
         out["w3_warm_batch_cpu_us_per_file"] = cpu.result["cpu_s"] / len(paths) * 1e6
         out["w3_warm_batch_loop_busy_pct"] = cpu.result["loop_busy_pct"]
@@ -856,12 +867,15 @@ def w6_training(t, cfg: Config, ctx: dict) -> dict:
                         if hinted:  # what tierfs.HintingSampler does at the start of an epoch
                             import tierfs
                             tierfs.hint([paths[i] for i in order], replace=True)
+                        first = CpuWatch(t.mount.pid)
                         with CpuWatch(t.mount.pid) as cpu:
-                            e = loader.epoch(order, ctx["compute_s"])
-                        e["cpu"] = cpu.result
+                            e = loader.epoch(order, ctx["compute_s"], first)
+                        e["cpu"], e["cpu_first_batch"] = cpu.result, first.result
                         out[f"w6_busy_{label}{suffix}_pct"] = e["busy_pct"]
                         for what in ("machine_busy_pct", "loop_busy_pct", "daemon_cores"):
                             out[f"w6_{label}{suffix}_{what}"] = cpu.result[what]
+                            out[f"w6_{label}{suffix}_first_{what}"] = first.result[what]
+                        out[f"w6_{label}{suffix}_first_batch_s"] = e["first_batch_s"]
                         out[f"w6_{label}{suffix}_epoch"] = e
     finally:
         loader.close()
@@ -1273,15 +1287,30 @@ def build_rows(results: dict) -> list[Row]:
         ("W6 busy, same + tierfs.hint", "%", "w6_busy_cold_hinted_pct", "", ">=", 0),
         ("W6 busy, cold epoch, 50 ms GETs", "%", "w6_busy_cold_50ms_pct", "", ">=", 0),
         ("W6 busy, same + tierfs.hint", "%", "w6_busy_cold_hinted_50ms_pct", "", ">=", 0),
-        ("W6 cold + hint, 20 ms: machine CPU busy", "%", "w6_cold_hinted_machine_busy_pct", "",
-         ">=", 0),
+        ("W6 cold + hint, 20 ms: machine CPU busy", "%",
+         "w6_cold_hinted_machine_busy_pct", "", ">=", 0),
         ("W6 same: daemon CPU", "cores", "w6_cold_hinted_daemon_cores", "", ">=", 0),
-        ("W6 same: daemon event loop busy", "%", "w6_cold_hinted_loop_busy_pct", "", ">=", 0),
+        ("W6 same: daemon event loop busy", "%", "w6_cold_hinted_loop_busy_pct", "", ">=",
+         0),
+        ("W6 same, first batch: wait", "s", "w6_cold_hinted_first_batch_s", "", ">=", 0),
+        ("W6 same, first batch: machine CPU busy", "%",
+         "w6_cold_hinted_first_machine_busy_pct", "", ">=", 0),
+        ("W6 same, first batch: daemon CPU", "cores", "w6_cold_hinted_first_daemon_cores",
+         "", ">=", 0),
+        ("W6 same, first batch: daemon event loop busy", "%",
+         "w6_cold_hinted_first_loop_busy_pct", "", ">=", 0),
         ("W6 cold + hint, 50 ms: machine CPU busy", "%",
          "w6_cold_hinted_50ms_machine_busy_pct", "", ">=", 0),
         ("W6 same: daemon CPU", "cores", "w6_cold_hinted_50ms_daemon_cores", "", ">=", 0),
         ("W6 same: daemon event loop busy", "%", "w6_cold_hinted_50ms_loop_busy_pct", "", ">=",
          0),
+        ("W6 same, first batch: wait", "s", "w6_cold_hinted_50ms_first_batch_s", "", ">=", 0),
+        ("W6 same, first batch: machine CPU busy", "%",
+         "w6_cold_hinted_50ms_first_machine_busy_pct", "", ">=", 0),
+        ("W6 same, first batch: daemon CPU", "cores", "w6_cold_hinted_50ms_first_daemon_cores",
+         "", ">=", 0),
+        ("W6 same, first batch: daemon event loop busy", "%",
+         "w6_cold_hinted_50ms_first_loop_busy_pct", "", ">=", 0),
         ("W7 torch.save+fsync", "MiB/s", "w7_save_MiBps", "ratio", ">=", 0.7),
         ("W7 torch.save+fsync, tierfs.open", "MiB/s", "w7_save_direct_MiBps", "ratio", ">=",
          0.9, "w7_save_MiBps"),
