@@ -1,6 +1,6 @@
 """tierfs.accelerate(): the builtin open() of files below a tierfs mount goes through
 tierfs.open, so unmodified dataset and checkpoint code (PIL, torchvision's
-ImageFolder, numpy.load, torch.load of a path) uses the direct path.
+ImageFolder, torch.load of a path) uses the direct path.
 
     import tierfs
     tierfs.accelerate()          # or TIERFS_ACCELERATE=1 in the environment

@@ -19,10 +19,9 @@ permission denied, a directory) raise what `open()` raises. A daemon that takes 
 request and answers neither it nor a ping (stopped, stuck) raises TimeoutError
 (ETIMEDOUT) within ANSWER_CHECK_S + PING_WAIT_S: open() would wait on the same daemon.
 
-`fileno()` raises io.UnsupportedOperation: there is no single descriptor of the
-file, and libraries that test for one (numpy.load) then read through read() and
-readinto(), which stay on the direct path. Open the path with `open()` where a real
-descriptor is needed (mmap).
+`fileno()` opens the file on the mount and returns that descriptor (mmap and
+np.memmap need one); what is read through it comes through the mount, while the
+object's own reads stay direct.
 """
 from __future__ import annotations
 
@@ -357,7 +356,8 @@ class Positioned(io.RawIOBase):
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         with self._lock:
             self._check_open()
-            base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}.get(whence)
+            base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos,
+                    io.SEEK_END: self._end()}.get(whence)
             if base is None:
                 raise ValueError(f"invalid whence ({whence}, should be 0, 1 or 2)")
             if base + offset < 0:
@@ -369,6 +369,10 @@ class Positioned(io.RawIOBase):
         self._check_open()
         return self._pos
 
+    def _end(self) -> int:
+        """The size of the file as this object knows it (the lock is held)."""
+        return self._size
+
     def readall(self) -> bytes:
         """The rest of the file, read by the kernel straight into the bytes object
         returned. A BufferedReader's read(n) allocates that object and hands readinto()
@@ -379,7 +383,7 @@ class Positioned(io.RawIOBase):
         reader = io.BufferedReader(self, buffer_size=READALL_TAIL)  # refuses a write-only one
         try:
             with self._lock:
-                left = max(0, self._size - self._pos)
+                left = max(0, self._end() - self._pos)
             return reader.read(left) if left else b""
         finally:
             reader.detach()  # this object stays open; its position is past what was read
@@ -617,8 +621,12 @@ class DirectFile(Positioned):
         return False
 
     def fileno(self) -> int:
-        raise io.UnsupportedOperation(
-            "a tierfs direct file has no single descriptor: use open() for one")
+        """The file's descriptor on the mount (opened now, checked to be the file this
+        object reads): mmap, np.memmap and np.fromfile read through the mount with it.
+        This object's own reads stay direct."""
+        with self._lock:
+            self._check_open()
+            return self._through_mount()
 
     def close(self) -> None:
         if not self.closed:

@@ -148,6 +148,8 @@ class DirectWriter(Positioned):
         self._held: dict[int, int] = {}  # extent -> descriptor of its hot file
         self._next, self._ahead = -1, 1  # where a sequential writer's next range starts
         self._owner = os.getpid()
+        # Once fileno() was asked for, everything goes through the mount (fileno()).
+        self._via_mount = False
 
     # ---- talking to the daemon --------------------------------------------------------
     def _request(self, req: dict):
@@ -200,6 +202,8 @@ class DirectWriter(Positioned):
             self._check_open()
             view = memoryview(b).cast("B")
             n = len(view)
+            if self._via_mount:
+                return self._write_through_mount(view)
             pos = self._size if self._append else self._pos
             E = self._E
             done = 0
@@ -216,13 +220,29 @@ class DirectWriter(Positioned):
             self._size = max(self._size, self._pos)
             return n
 
+    def _write_through_mount(self, view: memoryview) -> int:
+        """write() once fileno() was asked for: with the mount's own semantics (an
+        append lands at the end of the file as the kernel knows it)."""
+        done = 0
+        while done < len(view):
+            if self._append:
+                done += os.write(self._fd, view[done:])  # O_APPEND: at the end
+            else:
+                done += os.pwrite(self._fd, view[done:], self._pos + done)
+        self._pos = os.fstat(self._fd).st_size if self._append else self._pos + done
+        self._size = max(self._size, self._pos)
+        return done
+
+    def _end(self) -> int:
+        return os.fstat(self._fd).st_size if self._via_mount else self._size
+
     def readinto(self, b) -> int:
         with self._lock:
             self._check_open()
             if not self._readable:
                 raise io.UnsupportedOperation("read")
             view = memoryview(b).cast("B")
-            n = max(0, min(len(view), self._size - self._pos))
+            n = max(0, min(len(view), self._end() - self._pos))
             E = self._E
             done = 0
             while done < n:
@@ -255,9 +275,20 @@ class DirectWriter(Positioned):
         return True
 
     def fileno(self) -> int:
-        """The file's descriptor on the mount (os.fsync on it makes the writes durable)."""
-        self._check_open()
-        return self._fd
+        """The file's descriptor on the mount (os.fsync on it makes the writes durable).
+        From the first call on, this object writes and reads through that descriptor
+        too, never the hot tier's files: whoever asks for the descriptor may write
+        through it (numpy's tofile and np.save do), and the kernel's cached pages of
+        the file, written back later, would overwrite direct writes it never saw. The
+        extents held are given back first, and the kernel told the file's size and
+        told to drop its pages, so writes through the descriptor build on the data
+        written directly."""
+        with self._lock:
+            self._check_open()
+            if not self._via_mount:
+                self._release_all(tell=True)
+                self._via_mount = True
+            return self._fd
 
     def close(self) -> None:
         if self.closed:

@@ -313,8 +313,10 @@ def test_seek_tell_read_and_readinto(pub):
         with pytest.raises(OSError) as e:
             f.seek(-1)
         assert e.value.errno == errno.EINVAL
-        with pytest.raises(io.UnsupportedOperation):
-            f.fileno()
+        fd = f.fileno()  # the file on the mount (mmap, np.memmap need one)
+        assert os.fstat(fd).st_ino == os.stat(m.path("f")).st_ino
+        assert os.pread(fd, 10, E - 5) == data[E - 5:E + 5]
+        assert f.tell() == len(data) + 10  # its own position is its own
     with pytest.raises(ValueError):
         f.read(1)
     with tierfs.open(m.path("f"), "rb", buffering=0) as raw:  # unbuffered: the raw reader

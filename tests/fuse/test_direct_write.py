@@ -528,6 +528,77 @@ def test_bytes_a_writer_puts_past_its_extent_are_dropped_at_close(pub):
     m.cli("sync", m.mountpoint, "--wait", "--timeout", "60", check=True)
 
 
+def fsync_by_name(path: str) -> None:
+    """fsync of a file through a descriptor of its own: the daemon settles what direct
+    writers of it hold, as for the writer's own fsync."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def test_writes_through_the_descriptor_keep_what_was_written_directly(pub):
+    """What numpy's tofile and np.save do to a file object: write a header through
+    it, flush, then write through a duplicate of fileno() at the object's position,
+    and go on through the object. With the writeback cache the kernel took the page
+    of the header for zeros (it never saw the direct write) and wrote it back so."""
+    m = pub()
+    p = m.path("npy")
+    head, body, tail = b"HEAD" * 32, pattern(3 * E + 1000, 14), b"tail"
+    with tierfs.open(p, "wb") as f:
+        f.write(head)
+        f.flush()
+        fd = os.dup(f.fileno())
+        try:
+            os.lseek(fd, f.tell(), os.SEEK_SET)
+            os.write(fd, body)
+            end = os.lseek(fd, 0, os.SEEK_CUR)
+        finally:
+            os.close(fd)
+        f.seek(end)
+        f.write(tail)
+    assert read_file(p) == head + body + tail
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    m.cli("release", p, check=True)  # and as the bucket has it
+    drop_page_cache(p)
+    assert read_file(p) == head + body + tail
+
+
+def test_numpy_through_accelerate_saves_and_maps_files(pub):
+    """np.save, np.load(mmap_mode), np.memmap and np.fromfile of files on the mount
+    with accelerate() routing their open()."""
+    np = pytest.importorskip("numpy")
+    m = pub()
+    res = subprocess.run([sys.executable, "-c", NUMPY_ACCELERATED, m.mountpoint,
+                          os.path.dirname(os.path.dirname(tierfs.__file__))],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TIERFS_ACCELERATE": "1"})
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["123", "123", "123", "123"]
+    want = np.arange(3 << 18, dtype=np.uint32)
+    assert np.array_equal(np.load(m.path("a.npy")), want)
+    assert read_file(m.path("raw.bin")) == want.tobytes()
+
+
+NUMPY_ACCELERATED = r"""
+import os, sys
+sys.path.insert(0, sys.argv[2])
+import numpy as np
+import tierfs  # TIERFS_ACCELERATE=1: builtins.open is routed from here on
+tierfs.direct.MOUNT_BELOW = 0
+mnt = sys.argv[1]
+a = np.arange(3 << 18, dtype=np.uint32)
+np.save(os.path.join(mnt, "a.npy"), a)
+with open(os.path.join(mnt, "raw.bin"), "wb") as f:
+    a.tofile(f)
+print(np.load(os.path.join(mnt, "a.npy"), mmap_mode="r")[123])
+print(np.load(os.path.join(mnt, "a.npy"))[123])
+print(np.memmap(os.path.join(mnt, "raw.bin"), dtype=np.uint32, mode="r")[123])
+print(np.fromfile(os.path.join(mnt, "raw.bin"), dtype=np.uint32)[123])
+"""
+
+
 def test_bytes_written_after_the_last_fsync_never_surface_after_a_kill(pub):
     """The daemon killed after a writer's fsync: what the writer put in its extent
     files since then lies past the recorded end of the file. It must not come back
@@ -537,7 +608,7 @@ def test_bytes_written_after_the_last_fsync_never_surface_after_a_kill(pub):
     synced, later = pattern(100, 11), pattern(E, 12)
     f = tierfs.open(p, "wb", buffering=0)
     f.write(synced)
-    os.fsync(f.fileno())
+    fsync_by_name(p)  # not by fileno(): from then on the writer would use the mount
     f.write(later)  # the rest of extent 0 (released when the writer moves on) and
     m.kill9()       # the start of extent 1 (held when the daemon dies)
     with pytest.raises(OSError):

@@ -88,8 +88,10 @@ class DirectWrite:
         if released:
             session.held.difference_update(released)
             self.holds.release(ino, released)
-            if session.readable:  # its later reads through the mount must see them
-                await self._tell_kernel(ino)
+        # Its later reads through the mount must see them; so must writes through the
+        # mount ("tell": the writer handed out its descriptor on the mount).
+        if (released and session.readable) or req.get("tell"):
+            await self._tell_kernel(ino)
         if req.get("close"):
             await self._end(session, sessions)
             return {"size": self.meta.get_inode(ino).size}
