@@ -1221,6 +1221,20 @@ class Row:
         return f"{what} {self.op} {self.target:g}"
 
 
+def w6_cpu_specs(latency: str, suffix: str) -> list[tuple]:
+    """Rows of where the CPU went in a hinted cold W6 epoch (`suffix`: of its keys)."""
+    key = f"w6_cold_hinted{suffix}"
+    rows = [(f"W6 cold + hint, {latency}: machine CPU busy", "%", f"{key}_machine_busy_pct"),
+            ("W6 same: daemon CPU", "cores", f"{key}_daemon_cores"),
+            ("W6 same: daemon event loop busy", "%", f"{key}_loop_busy_pct"),
+            ("W6 same, first batch: wait", "s", f"{key}_first_batch_s"),
+            ("W6 same, first batch: machine CPU busy", "%", f"{key}_first_machine_busy_pct"),
+            ("W6 same, first batch: daemon CPU", "cores", f"{key}_first_daemon_cores"),
+            ("W6 same, first batch: daemon event loop busy", "%",
+             f"{key}_first_loop_busy_pct")]
+    return [(*row, "", ">=", 0) for row in rows]  # informational
+
+
 def build_rows(results: dict) -> list[Row]:
     reps = results["reps"]
 
@@ -1287,30 +1301,8 @@ def build_rows(results: dict) -> list[Row]:
         ("W6 busy, same + tierfs.hint", "%", "w6_busy_cold_hinted_pct", "", ">=", 0),
         ("W6 busy, cold epoch, 50 ms GETs", "%", "w6_busy_cold_50ms_pct", "", ">=", 0),
         ("W6 busy, same + tierfs.hint", "%", "w6_busy_cold_hinted_50ms_pct", "", ">=", 0),
-        ("W6 cold + hint, 20 ms: machine CPU busy", "%",
-         "w6_cold_hinted_machine_busy_pct", "", ">=", 0),
-        ("W6 same: daemon CPU", "cores", "w6_cold_hinted_daemon_cores", "", ">=", 0),
-        ("W6 same: daemon event loop busy", "%", "w6_cold_hinted_loop_busy_pct", "", ">=",
-         0),
-        ("W6 same, first batch: wait", "s", "w6_cold_hinted_first_batch_s", "", ">=", 0),
-        ("W6 same, first batch: machine CPU busy", "%",
-         "w6_cold_hinted_first_machine_busy_pct", "", ">=", 0),
-        ("W6 same, first batch: daemon CPU", "cores", "w6_cold_hinted_first_daemon_cores",
-         "", ">=", 0),
-        ("W6 same, first batch: daemon event loop busy", "%",
-         "w6_cold_hinted_first_loop_busy_pct", "", ">=", 0),
-        ("W6 cold + hint, 50 ms: machine CPU busy", "%",
-         "w6_cold_hinted_50ms_machine_busy_pct", "", ">=", 0),
-        ("W6 same: daemon CPU", "cores", "w6_cold_hinted_50ms_daemon_cores", "", ">=", 0),
-        ("W6 same: daemon event loop busy", "%", "w6_cold_hinted_50ms_loop_busy_pct", "", ">=",
-         0),
-        ("W6 same, first batch: wait", "s", "w6_cold_hinted_50ms_first_batch_s", "", ">=", 0),
-        ("W6 same, first batch: machine CPU busy", "%",
-         "w6_cold_hinted_50ms_first_machine_busy_pct", "", ">=", 0),
-        ("W6 same, first batch: daemon CPU", "cores", "w6_cold_hinted_50ms_first_daemon_cores",
-         "", ">=", 0),
-        ("W6 same, first batch: daemon event loop busy", "%",
-         "w6_cold_hinted_50ms_first_loop_busy_pct", "", ">=", 0),
+        *w6_cpu_specs("20 ms", ""),
+        *w6_cpu_specs("50 ms", "_50ms"),
         ("W7 torch.save+fsync", "MiB/s", "w7_save_MiBps", "ratio", ">=", 0.7),
         ("W7 torch.save+fsync, tierfs.open", "MiB/s", "w7_save_direct_MiBps", "ratio", ">=",
          0.9, "w7_save_MiBps"),
