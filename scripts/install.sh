@@ -42,7 +42,7 @@ want=$( { cat pyproject.toml scripts/install.sh; python3 -VV; } | sha256sum | cu
 venv_ok() {  # the venv runs, imports everything, and its tierfs is this checkout's
   .venv/bin/python -I - "$repo" >/dev/null 2>&1 <<'PY' || return 1  # -I: not from the cwd
 import os, sys
-import boto3, fsspec, lmdb, moto, prometheus_client, psycopg, pyfuse3, pytest, trio, xdist, xxhash  # noqa: F401
+import boto3, fsspec, lmdb, moto, numpy, prometheus_client, psycopg, pyfuse3, pytest, trio, xdist, xxhash  # noqa: F401
 import tierfs
 sys.exit(os.path.dirname(os.path.realpath(tierfs.__file__)) != os.path.join(os.path.realpath(sys.argv[1]), "tierfs"))
 PY
