@@ -66,6 +66,16 @@ def test_a_recovery_that_fails_halfway_leaves_no_metadata_behind(tmp_path):
         meta.close()
 
 
+def _one_file_db(tmp_path) -> bytes:
+    """The metadata of a filesystem holding one file, "kept", as a checkpoint holds it."""
+    old = MetaStore(str(tmp_path / "old"))
+    old.format(Superblock(fs_id="r", extent_size=1 << 20), 0, 0)
+    old.create_node(ROOT_INO, b"kept", stat.S_IFREG | 0o644, 0, 0)
+    db = copy_of(old, str(tmp_path))
+    old.close()
+    return db
+
+
 @pytest.mark.parametrize("damage", [(b'"size"', b'"sizf"'), (b'{"seq"', b'null\n')],
                          ids=["key flipped", "header not an object"])
 def test_a_checkpoint_whose_header_is_damaged_but_parses_is_skipped(tmp_path, damage):
@@ -73,11 +83,7 @@ def test_a_checkpoint_whose_header_is_damaged_but_parses_is_skipped(tmp_path, da
     damaged checkpoint like any other: recovery takes the one before it, instead of
     failing the mount with an internal error."""
     cold = MemoryStore()
-    old = MetaStore(str(tmp_path / "old"))
-    old.format(Superblock(fs_id="r", extent_size=1 << 20), 0, 0)
-    old.create_node(ROOT_INO, b"kept", stat.S_IFREG | 0o644, 0, 0)
-    db = copy_of(old, str(tmp_path))
-    old.close()
+    db = _one_file_db(tmp_path)
     cold.put(checkpoint_name(1), pack(1, db))
     newest = pack(2, db)
     assert damage[0] in newest
@@ -117,11 +123,7 @@ def test_a_checkpoint_pruned_between_listing_and_reading_it_is_not_a_failure(tmp
     one it listed gone reads the newer one, instead of failing as if the bucket
     had failed."""
     cold = MemoryStore()
-    old = MetaStore(str(tmp_path / "old"))
-    old.format(Superblock(fs_id="r", extent_size=1 << 20), 0, 0)
-    old.create_node(ROOT_INO, b"kept", stat.S_IFREG | 0o644, 0, 0)
-    db = copy_of(old, str(tmp_path))
-    old.close()
+    db = _one_file_db(tmp_path)
     cold.put(checkpoint_name(1), pack(1, db))
     cold.put(checkpoint_name(2), pack(2, db))
 

@@ -45,15 +45,20 @@ def unreadable_after_recovery(memory, meta_dir: str) -> list[str]:
     return bad
 
 
+def _one_checkpoint_kept(tmp_path):
+    """An engine that uploads at once, checkpoints only when told, keeps one
+    checkpoint and gives up on the bucket after 0.2 s."""
+    return engine_stack(tmp_path, extent_size=E, cache_size=8 * E, upload_delay=0,
+                        checkpoint_every=0, checkpoint_keep=1, retry_timeout=0.2)
+
+
 def test_gc_keeps_what_a_checkpoint_whose_put_failed_may_name(tmp_path):
     """A checkpoint's PUT can land in the bucket and still fail (the answer lost, the
     retries run out). The first of a new filesystem is then the only one there:
     until a later one replaces it, gc must keep the objects it names, or a
     recovery from it finds them gone."""
     async def body():
-        async with engine_stack(tmp_path, extent_size=E, cache_size=8 * E, upload_delay=0,
-                                checkpoint_every=0, checkpoint_keep=1,
-                                retry_timeout=0.2) as s:
+        async with _one_checkpoint_kept(tmp_path) as s:
             ino = s.create()
             await s.engine.write(ino, 0, b"A" * E)
             await settle(s)
@@ -83,9 +88,7 @@ def test_a_checkpoint_that_landed_is_not_failed_by_its_pruning(tmp_path):
     checkpoint() succeeds (`sync --wait` and unmount rely on it); the old one is
     still kept, and pruned once deletes work again."""
     async def body():
-        async with engine_stack(tmp_path, extent_size=E, cache_size=8 * E, upload_delay=0,
-                                checkpoint_every=0, checkpoint_keep=1,
-                                retry_timeout=0.2) as s:
+        async with _one_checkpoint_kept(tmp_path) as s:
             first = await s.checkpointer.checkpoint()
             delete = s.memory.delete
 
@@ -108,9 +111,7 @@ def test_gc_keeps_what_a_checkpoint_names_until_its_pruning_is_done(tmp_path):
     the newer one is damaged. gc must not delete what it names while its delete is
     still in flight, or that fallback finds its objects gone."""
     async def body():
-        async with engine_stack(tmp_path, extent_size=E, cache_size=8 * E, upload_delay=0,
-                                checkpoint_every=0, checkpoint_keep=1,
-                                retry_timeout=0.2) as s:
+        async with _one_checkpoint_kept(tmp_path) as s:
             ino = s.create()
             await s.engine.write(ino, 0, b"A" * E)
             await settle(s)

@@ -274,10 +274,11 @@ def test_writes_are_checked_as_the_kernel_checks_them(pub):
     assert read_file(m.path("roots")) == b"root's"
 
 
-def _has_cap_sys_ptrace() -> bool:
-    """Whether this process (and so the daemon it starts as the same user) has
-    CAP_SYS_PTRACE, which reading /proc/PID/fdinfo of another user's process needs."""
-    with open("/proc/self/status") as f:
+def _has_cap_sys_ptrace(pid: int | str = "self") -> bool:
+    """Whether a process (by default this one, and so the daemon it starts as the same
+    user) has CAP_SYS_PTRACE, which reading /proc/PID/fdinfo of another user's process
+    needs."""
+    with open(f"/proc/{pid}/status") as f:
         caps = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
     return bool(caps >> 19 & 1)  # CAP_SYS_PTRACE is capability 19
 
@@ -297,9 +298,7 @@ def test_a_daemon_without_cap_sys_ptrace_leaves_other_users_writes_to_the_mount(
     m = pub()
     m.umount()
     m.start(preexec_fn=_without_cap_sys_ptrace)
-    with open(f"/proc/{m.pid}/status") as f:
-        caps = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
-    assert not caps >> 19 & 1, "the daemon still has CAP_SYS_PTRACE"
+    assert not _has_cap_sys_ptrace(m.pid), "the daemon still has CAP_SYS_PTRACE"
     os.chmod(m.mountpoint, 0o1777)
 
     def as_nobody():
