@@ -64,8 +64,9 @@ def on_tierfs(path: str) -> bool:
 
 def routed_open(file, mode="r", buffering=-1, encoding=None, errors=None, newline=None,
                 closefd=True, opener=None):
-    if ("b" in mode and "a" not in mode and encoding is None and errors is None and newline is None and closefd
-            and opener is None and not isinstance(file, int)):
+    if ("b" in mode and "a" not in mode and encoding is None and errors is None
+            and newline is None and closefd and opener is None
+            and not isinstance(file, int)):
         try:
             path = os.fsdecode(os.fspath(file))
         except TypeError:

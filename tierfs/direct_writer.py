@@ -148,7 +148,7 @@ class DirectWriter(Positioned):
         self._held: dict[int, int] = {}  # extent -> descriptor of its hot file
         self._next, self._ahead = -1, 1  # where a sequential writer's next range starts
         self._owner = os.getpid()
-        # Once fileno() was asked for, everything goes through the mount (fileno()).
+        # Set by the first fileno(): writes and reads go through the mount descriptor.
         self._via_mount = False
 
     # ---- talking to the daemon --------------------------------------------------------
@@ -229,8 +229,8 @@ class DirectWriter(Positioned):
                 done += os.write(self._fd, view[done:])  # O_APPEND: at the end
             else:
                 done += os.pwrite(self._fd, view[done:], self._pos + done)
+        # The size is the kernel's from now on (_end()).
         self._pos = os.fstat(self._fd).st_size if self._append else self._pos + done
-        self._size = max(self._size, self._pos)
         return done
 
     def _end(self) -> int:
