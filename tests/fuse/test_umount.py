@@ -236,6 +236,75 @@ def test_ctrl_c_while_umount_waits_for_the_daemon_says_what_goes_on(mount_factor
     assert m.cache_dir in lines[0], lines[0]
 
 
+def _umount_with_slow_fusermount(m, tmp_path, script: str) -> subprocess.Popen:
+    """tierfs umount with a fusermount3 on PATH that runs `script` around the real one
+    (called as "$REAL" "$@"), and marks its start in tmp_path/started."""
+    import shutil
+    shim_dir = tmp_path / "shim"
+    shim_dir.mkdir()
+    shim = shim_dir / "fusermount3"
+    shim.write_text(f'#!/bin/sh\nREAL={shutil.which("fusermount3")}\n'
+                    f'touch {tmp_path}/started\n{script}\n')
+    shim.chmod(0o755)
+    env = dict(m.env or os.environ)
+    env["PATH"] = f"{shim_dir}:{env['PATH']}"
+    return subprocess.Popen([sys.executable, "-m", "tierfs", "umount", m.mountpoint],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def test_ctrl_c_after_the_kernel_let_go_but_before_fusermount_returned(mount_factory,
+                                                                        tmp_path):
+    """Ctrl-C in the moment between the kernel letting go of the mount and fusermount3
+    exiting: umount exited 130 without a word (a failure seen in CI). It says the mount
+    is gone and the daemon goes on, as for an interrupt a moment later."""
+    from tests.harness import wait_until
+    from tierfs import registry
+    m, faults = _held_in_final_checkpoint(mount_factory, tmp_path)
+    pid = m.pid
+    umount = _umount_with_slow_fusermount(m, tmp_path, '"$REAL" "$@" && sleep 2')
+    try:
+        wait_until(lambda: not m.mounted, 60, "the kernel to let go of the mount")
+        assert umount.poll() is None, umount.communicate()
+        umount.send_signal(signal.SIGINT)
+        out, err = umount.communicate(timeout=60)
+    finally:
+        if umount.poll() is None:
+            umount.kill()
+            umount.communicate()
+        faults.write_text("{}")  # the checkpoint goes through, and the daemon exits
+    wait_until(lambda: not registry.main_thread_runs(pid), 120, f"daemon {pid} to exit")
+    m.pid = None
+    assert umount.returncode == 130, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert f"{m.mountpoint} is unmounted" in lines[0] and f"(pid {pid}) goes on" in lines[0]
+
+
+def test_ctrl_c_before_the_kernel_let_go_says_the_mount_is_still_there(mount_factory,
+                                                                      tmp_path):
+    """Ctrl-C while fusermount3 has not unmounted yet (here: it never gets to): umount
+    says the filesystem is still mounted and how to finish, instead of a silent 130."""
+    from tests.harness import wait_until
+    m = mount_factory()
+    write_file(m.path("kept"), b"still here")
+    umount = _umount_with_slow_fusermount(m, tmp_path, 'sleep 60; "$REAL" "$@"')
+    try:
+        wait_until(lambda: (tmp_path / "started").exists(), 60, "fusermount3 to start")
+        umount.send_signal(signal.SIGINT)
+        out, err = umount.communicate(timeout=60)
+    finally:
+        if umount.poll() is None:
+            umount.kill()
+            umount.communicate()
+    assert umount.returncode == 130, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert f"{m.mountpoint} is still mounted" in lines[0], lines[0]
+    assert f"tierfs umount {m.mountpoint}" in lines[0], lines[0]
+    assert m.mounted and read_file(m.path("kept")) == b"still here"
+
+
 def test_umount_refuses_a_timeout_that_is_no_bounded_wait(mount_factory):
     """NaN would make the wait endless: refused in one line before anything is done."""
     m = mount_factory()

@@ -349,6 +349,27 @@ def _died(note: str, dev: int | None, mp: str) -> NotInBucket:
                        f"bucket: it is safe in {where} and goes up when you mount it again")
 
 
+def _unmount(mp: str) -> None:
+    """Ask the kernel to let go of `mp`. An interrupt lets fusermount3 finish (it is
+    quick), so the mount is either still there or gone, never half done."""
+    proc = subprocess.Popen(["fusermount3", "-u", mp], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = proc.communicate()
+    except KeyboardInterrupt:
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise
+    if proc.returncode != 0:
+        if "busy" in err.lower():
+            raise UserError(f"{mp} is busy: close the files and shells using it "
+                            f"(fuser -vm {mp} lists them) and retry")
+        raise UserError(f"unmounting {mp} failed: {err.strip()}")
+
+
 def umount(mountpoint: str, timeout: float = 3600.0) -> int:
     table = mounts()
     mp = _follow_links(os.path.abspath(mountpoint), table)
@@ -372,15 +393,16 @@ def umount(mountpoint: str, timeout: float = 3600.0) -> int:
     except UserError:
         unmount_lazy(mp)  # the daemon is dead: only the stale mount is left
         raise _died(f"removed the stale mount at {mp} (its daemon had died)", dev, mp) from None
-    res = subprocess.run(["fusermount3", "-u", mp], capture_output=True, text=True)
-    if res.returncode != 0:
-        if "busy" in res.stderr.lower():
-            raise UserError(f"{mp} is busy: close the files and shells using it "
-                            f"(fuser -vm {mp} lists them) and retry")
-        raise UserError(f"unmounting {mp} failed: {res.stderr.strip()}")
     try:
+        _unmount(mp)
         _wait_for_exit(pid, info["cache_dir"], timeout)
     except KeyboardInterrupt:
+        # Ctrl-C may come while fusermount3 still runs, after the kernel let go or
+        # before: the mount table tells which.
+        if mounts().get(mp) == "fuse.tierfs":
+            print(f"tierfs: interrupted: {mp} is still mounted: run tierfs umount {mp} "
+                  f"again", file=sys.stderr)
+            return 130
         # The kernel has let go; the daemon finishes its uploads and its final
         # checkpoint whether or not anybody waits for it.
         log_path = os.path.join(info["cache_dir"], "tierfs.log")
