@@ -51,6 +51,7 @@ MAX_PATHS = 256            # per request, as the daemon takes them
 RANGE = 64                 # extents the daemon hands out per file and request
 FIRST_RANGE = 16           # extents of a file in the answer to its open (the rest: ranges)
 ASK_AHEAD = 16             # a sequential reader this many extents from a range's end asks for the next
+SIZE_RECHECK = 1.0         # s: a reader at the end asks the daemon whether the file grew, at most this often
 SKIP_AHEAD = 64 << 10      # a forward gap up to this between two reads is still sequential
 READALL_TAIL = 4096        # readall(): the last bytes short of this go through a copy
 # open() reads a file smaller than this through the mount: its open, getattr and read
@@ -422,7 +423,55 @@ class DirectFile(Positioned):
         # The next range, asked for in the background by a sequential reader nearing
         # the end of the one held: (first extent, pid that asked, Future of the answer).
         self._next_range = None
+        self._size_learned = time.monotonic()
         self._install(res, fds)
+
+    def _end(self) -> int:
+        self._grew()
+        return self._size
+
+    def _grew(self) -> bool:
+        """Whether the file has grown past the size this object knows, asked of the
+        daemon at most every SIZE_RECHECK seconds (the lock is held). The question is
+        the range after the last extent known, which fetches nothing while the file
+        has not grown. A last extent that was not full is asked for again when it has:
+        its file handed out at open may have been replaced since, without the bytes
+        appended to it."""
+        now = time.monotonic()
+        if now - self._size_learned < SIZE_RECHECK:
+            return False
+        self._size_learned = now
+        old_size, first = self._size, self._last + 1
+        got = self._range_from(first)
+        if got is None or int(got[0]["size"]) <= old_size:
+            if got is not None:
+                _close_all(got[1])
+            return False
+        if old_size % self._E:
+            _close_all(got[1])
+            got = self._range_from(first - 1)
+            if got is None:
+                return False  # reads past the old end say so (EOF) until the next check
+        res, fds = got
+        self._size = int(res["size"])
+        self._last = (self._size - 1) // self._E
+        self._install(res, fds)
+        return True
+
+    def _range_from(self, first: int):
+        """(result, descriptors) of the range of RANGE extents from `first`; None when
+        the daemon cannot say (this object then goes on as it was)."""
+        try:
+            (res, fds), = _ask(self._mount, {"ino": self._ino, "token": self._token,
+                                             "first_extent": first,
+                                             "last_extent": first + RANGE - 1})
+        except (_Fallback, OSError, ValueError) as e:
+            log.debug("asking whether %s has grown: %s", self._path, e)
+            return None
+        if "ino" not in res:
+            _close_all(fds)
+            return None
+        return res, fds
 
     def _install(self, res: dict, fds: list[int]) -> None:
         """Take a range from the daemon in place of the one held (whose descriptors close)."""
@@ -569,6 +618,8 @@ class DirectFile(Positioned):
             self._check_open()
             view = memoryview(b).cast("B")
             n = max(0, min(len(view), self._size - self._pos))
+            if not n and view and self._pos >= self._size and self._grew():
+                n = min(len(view), self._size - self._pos)
             E = self._E
             pos = self._pos
             idx, off = divmod(pos, E)

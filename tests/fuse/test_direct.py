@@ -463,6 +463,58 @@ def test_data_written_through_the_mount_is_seen_after_close(pub):
         assert is_direct(f) and f.read() == bytes(expect)
 
 
+def test_a_reader_at_the_end_sees_the_file_grow(pub):
+    """A direct reader kept the size the file had at open: one following a file that
+    another process appends to (a log, a shard still being written) stopped at the old
+    end for good, where a reader through the mount reads on. At the end it asks the
+    daemon whether the file grew, at most once a second, and reads on from fresh
+    descriptors (the old last extent's file included)."""
+    m = pub()
+    first, more = pattern(E + 100, 21), pattern(3 * E, 22)
+    write_file(m.path("log"), first)
+    with tierfs.open(m.path("log"), "rb", buffering=0) as f:
+        assert is_direct(f) and f.read() == first
+        with open(m.path("log"), "ab") as w:
+            w.write(more)
+        got = bytearray()
+
+        def read_on() -> bool:
+            got.extend(f.read(1 << 20))
+            return len(got) >= len(more)
+        wait_until(read_on, 30, "the reader to see what was appended")
+        assert bytes(got) == more
+        assert f.seek(0, io.SEEK_END) == len(first) + len(more)
+        f.seek(0)
+        assert f.read() == first + more
+
+
+def test_a_reader_at_the_end_of_whole_extents_sees_the_file_grow(pub):
+    """The same where the file ended on an extent boundary: what is appended starts
+    an extent of its own."""
+    m = pub()
+    first, more = pattern(2 * E, 24), pattern(E // 2, 25)
+    write_file(m.path("log"), first)
+    with tierfs.open(m.path("log"), "rb", buffering=0) as f:
+        assert is_direct(f) and f.read() == first
+        with open(m.path("log"), "ab") as w:
+            w.write(more)
+        wait_until(lambda: f.seek(0, io.SEEK_END) > len(first), 30,
+                   "the reader to see the file grow")
+        f.seek(len(first))
+        assert f.read() == more
+
+
+def test_reading_to_the_end_right_after_open_asks_the_daemon_nothing_more(pub):
+    """The check for growth is for readers that wait at the end, not one more round
+    trip for every file a data loader reads whole."""
+    m = pub()
+    write_file(m.path("f"), pattern(3 * E, 23))
+    before = counters(m)
+    with tierfs.open(m.path("f"), "rb", buffering=0) as f:
+        assert is_direct(f) and f.read() == pattern(3 * E, 23) and f.read() == b""
+    assert grew(before, counters(m), "direct_requests") == 1
+
+
 def read_batch(paths: list[str], want: list[bytes]) -> None:
     """open_many of `paths`: every file direct, and read whole, `want`."""
     files = tierfs.open_many(paths)
