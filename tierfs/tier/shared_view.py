@@ -264,13 +264,17 @@ class SharedView:
                     self.forget(pub.ino)
                 elif dirty:
                     self.hurry(pub.ino)
-                elif self._gen.get(pub.ino, 0) == gen and pub.ino not in self._changing:
+                elif (gen is not None and self._gen.get(pub.ino, 0) == gen
+                      and pub.ino not in self._changing):
                     self.unpublished.discard(pub.ino)
                     self._gen.pop(pub.ino, None)
                     self.local.set_unpublished(pub.ino, False)
 
     def _snapshot(self, ino: int):
-        """(write generation, dirty?, what to publish) of a file, None if gone here."""
+        """(write generation, dirty?, what to publish) of a file, None if gone here.
+        The generation is None while a change of the file is landing (changing()):
+        what was read may not hold it yet, so this push must not count the file as
+        published, even if the change ends before the database answers."""
         if ino not in self.unpublished:
             return None  # pushed while this push waited for its lock
         try:
@@ -281,7 +285,8 @@ class SharedView:
         held = sum(sizes.get((ino, idx), 0) for idx, e in exts.items() if e.dirty)
         pub = Published(ino, node.size, node.mtime_ns, node.ctime_ns,
                         {idx: e.published(self.sid) for idx, e in exts.items()}, held)
-        return self._gen.get(ino, 0), any(e.dirty for e in exts.values()), pub
+        gen = None if ino in self._changing else self._gen.get(ino, 0)
+        return gen, any(e.dirty for e in exts.values()), pub
 
     async def push_all(self) -> None:
         for ino in sorted(self.unpublished):
