@@ -162,9 +162,7 @@ def test_umount_of_a_daemon_killed_while_it_unmounts_is_not_reported_clean(mount
     instead of 'unmounted' and exit 0."""
     from tests.harness import wait_until
     m, _faults = _held_in_final_checkpoint(mount_factory, tmp_path)
-    umount = subprocess.Popen([sys.executable, "-m", "tierfs", "umount", m.mountpoint],
-                              env=m.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True)
+    umount = _start_umount(m)
     try:
         wait_until(lambda: not m.mounted, 60, "the kernel to let go of the mount")
         m.kill9()  # stuck in its final checkpoint, which the bucket does not answer
@@ -204,6 +202,27 @@ def test_umount_timeout_bounds_the_wait_for_a_daemon_that_does_not_exit(mount_fa
     assert f"kill -USR1 {pid}" in lines[0]
 
 
+def _start_umount(m, env=None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "tierfs", "umount", m.mountpoint],
+                            env=env or m.env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _interrupted(umount: subprocess.Popen, ready, what: str) -> tuple[str, str]:
+    """Ctrl-C to a running `tierfs umount` once ready(); its (stdout, stderr). One
+    that has not ended then is killed (and the test fails on its exit status)."""
+    from tests.harness import wait_until
+    try:
+        wait_until(ready, 60, what)
+        assert umount.poll() is None, umount.communicate()
+        umount.send_signal(signal.SIGINT)
+        return umount.communicate(timeout=60)
+    finally:
+        if umount.poll() is None:
+            umount.kill()
+            umount.communicate()
+
+
 def test_ctrl_c_while_umount_waits_for_the_daemon_says_what_goes_on(mount_factory, tmp_path):
     """Ctrl-C while umount waits for a daemon held up in its final checkpoint: the
     command exited 130 without a word, leaving the user to guess whether the
@@ -213,18 +232,12 @@ def test_ctrl_c_while_umount_waits_for_the_daemon_says_what_goes_on(mount_factor
     from tierfs import registry
     m, faults = _held_in_final_checkpoint(mount_factory, tmp_path)
     pid = m.pid
-    umount = subprocess.Popen([sys.executable, "-m", "tierfs", "umount", m.mountpoint],
-                              env=m.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True)
+    umount = _start_umount(m)
     try:
-        wait_until(lambda: not m.mounted, 60, "the kernel to let go of the mount")
-        umount.send_signal(signal.SIGINT)
-        out, err = umount.communicate(timeout=60)
+        out, err = _interrupted(umount, lambda: not m.mounted,
+                                "the kernel to let go of the mount")
         still_running = registry.main_thread_runs(pid)
     finally:
-        if umount.poll() is None:
-            umount.kill()
-            umount.communicate()
         faults.write_text("{}")  # the checkpoint goes through, and the daemon exits
     wait_until(lambda: not registry.main_thread_runs(pid), 120, f"daemon {pid} to exit")
     m.pid = None
@@ -248,9 +261,7 @@ def _umount_with_slow_fusermount(m, tmp_path, script: str) -> subprocess.Popen:
     shim.chmod(0o755)
     env = dict(m.env or os.environ)
     env["PATH"] = f"{shim_dir}:{env['PATH']}"
-    return subprocess.Popen([sys.executable, "-m", "tierfs", "umount", m.mountpoint],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    return _start_umount(m, env)
 
 
 def test_ctrl_c_after_the_kernel_let_go_but_before_fusermount_returned(mount_factory,
@@ -264,14 +275,9 @@ def test_ctrl_c_after_the_kernel_let_go_but_before_fusermount_returned(mount_fac
     pid = m.pid
     umount = _umount_with_slow_fusermount(m, tmp_path, '"$REAL" "$@" && sleep 2')
     try:
-        wait_until(lambda: not m.mounted, 60, "the kernel to let go of the mount")
-        assert umount.poll() is None, umount.communicate()
-        umount.send_signal(signal.SIGINT)
-        out, err = umount.communicate(timeout=60)
+        out, err = _interrupted(umount, lambda: not m.mounted,
+                                "the kernel to let go of the mount")
     finally:
-        if umount.poll() is None:
-            umount.kill()
-            umount.communicate()
         faults.write_text("{}")  # the checkpoint goes through, and the daemon exits
     wait_until(lambda: not registry.main_thread_runs(pid), 120, f"daemon {pid} to exit")
     m.pid = None
@@ -285,18 +291,10 @@ def test_ctrl_c_before_the_kernel_let_go_says_the_mount_is_still_there(mount_fac
                                                                       tmp_path):
     """Ctrl-C while fusermount3 has not unmounted yet (here: it never gets to): umount
     says the filesystem is still mounted and how to finish, instead of a silent 130."""
-    from tests.harness import wait_until
     m = mount_factory()
     write_file(m.path("kept"), b"still here")
     umount = _umount_with_slow_fusermount(m, tmp_path, 'sleep 60; "$REAL" "$@"')
-    try:
-        wait_until(lambda: (tmp_path / "started").exists(), 60, "fusermount3 to start")
-        umount.send_signal(signal.SIGINT)
-        out, err = umount.communicate(timeout=60)
-    finally:
-        if umount.poll() is None:
-            umount.kill()
-            umount.communicate()
+    out, err = _interrupted(umount, (tmp_path / "started").exists, "fusermount3 to start")
     assert umount.returncode == 130, (out, err)
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err, err
