@@ -20,6 +20,12 @@ _watchdog: Watchdog | None = None
 
 def pytest_configure(config):
     os.environ[SESSION_ENV] = str(os.getpid())  # inherited by every daemon the tests start
+    # Daemons and commands run the tierfs of this checkout, also where the installed
+    # one (an editable install) points at another: `python -m tierfs` is started in
+    # other directories, where the checkout is not on the path.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (root, os.environ.get("PYTHONPATH")) if p)
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         # A run that is told to stop (timeout, CI, kill) still runs every fixture's
         # teardown, as Ctrl-C does: no mount outlives it.

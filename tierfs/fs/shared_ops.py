@@ -92,21 +92,24 @@ class SharedOperations(Operations):
         return {name for names in list(self.names.values()) for name in names}
 
     # ---- attributes ---------------------------------------------------------------
-    def _shared_entry(self, found) -> pyfuse3.EntryAttributes:
+    def _shared_entry(self, found, since: int) -> pyfuse3.EntryAttributes:
+        """The entry of a shared record read after `since` (view.published before
+        the read): with this node's size and blocks where its copy is newer."""
         node, blocks = found
-        if node.ino in self.view.unpublished:  # this node's size and blocks are newer
-            return self._entry(self.view.local_attrs(node))
+        if self.view.newer_here(node.ino, since):
+            return self._entry(self.view.local_attrs(node, since))
         return self._entry(node, blocks)
 
     @_guard
     async def lookup(self, parent_inode, name, ctx):
-        seq = self.changes.seq
+        seq, since = self.changes.seq, self.view.published
         found = await self.call(self.ns.attrs, parent_inode, self.engine.E, name)
-        return self._answer(seq, self._shared_entry(found), (parent_inode, name))
+        return self._answer(seq, self._shared_entry(found, since), (parent_inode, name))
 
     @_guard
     async def getattr(self, inode, ctx):
-        entry = self._shared_entry(await self.call(self.ns.attrs, inode, self.engine.E))
+        since = self.view.published
+        entry = self._shared_entry(await self.call(self.ns.attrs, inode, self.engine.E), since)
         self._note_answer(entry)
         return entry
 
@@ -114,6 +117,7 @@ class SharedOperations(Operations):
     async def setattr(self, inode, attr, fields, fh, ctx):
         self.state.check_writable()
         self.answered.pop(inode, None)  # the kernel takes what this answers, or not
+        since = self.view.published
         if fields.update_size:
             node = await self.call(self.ns.get_inode, inode)
             if stat.S_ISDIR(node.mode):
@@ -129,7 +133,8 @@ class SharedOperations(Operations):
         self._change_local(inode, change)
         if fields.update_size or fields.update_mtime:
             await self.view.push(inode)
-        return self._entry(self.view.local_attrs(node))
+        # The kernel takes this size as it is: this node's, if it wrote the file.
+        return self._entry(self.view.local_attrs(node, since))
 
     async def _fresh(self, ino: int) -> None:
         await self.view.pull(ino)  # the state of this node's copy, made current
@@ -171,10 +176,11 @@ class SharedOperations(Operations):
     @_guard
     async def link(self, inode, new_parent_inode, new_name, ctx):
         self.state.check_writable()
-        seq = self.changes.seq
+        seq, since = self.changes.seq, self.view.published
         await self.call(self.ns.link, inode, new_parent_inode, new_name)
         found = await self.call(self.ns.attrs, inode, self.engine.E)
-        return self._answer(seq, self._shared_entry(found), (new_parent_inode, new_name))
+        return self._answer(seq, self._shared_entry(found, since),
+                            (new_parent_inode, new_name))
 
     def _gone(self, ino: int | None, purged: bool) -> None:
         if ino is None:
@@ -347,7 +353,7 @@ class SharedOperations(Operations):
         ino = self.handles[fh].ino
         after = start_id
         while True:
-            seq = self.changes.seq
+            seq, since = self.changes.seq, self.view.published
             node, parent, batch = await self.call(self.ns.readdir_plus, ino, after, 256,
                                                   self.engine.E)
             if after < 1:
@@ -362,7 +368,8 @@ class SharedOperations(Operations):
                 return
             for cookie, name, found in batch:
                 # Counted before the reply: the kernel holds the entry once it is in.
-                entry = self._answer(seq, self._shared_entry(found), (ino, name), False)
+                entry = self._answer(seq, self._shared_entry(found, since), (ino, name),
+                                     False)
                 if not pyfuse3.readdir_reply(token, name, entry, cookie):
                     self._unlooked(entry.st_ino)  # not sent: the kernel never had it
                     return

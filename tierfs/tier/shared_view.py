@@ -39,6 +39,7 @@ ALL = (1 << 64) - 1
 IDS_LOW = ID_BLOCK // 4  # object ids left when a new block is fetched ahead
 PUSH_BATCH = 256  # files published in one transaction after their uploads
 PUSH_RETRY_MAX_S = 5.0  # longest pause between tries to publish while the database is away
+PUBLISHED_KEEP = 4096  # publishes newer_here() remembers; older reads count as raced
 
 
 class SharedView:
@@ -53,6 +54,10 @@ class SharedView:
         self.unpublished: set[int] = set(self.local.unpublished())
         self._gen: dict[int, int] = {}
         self._changing: dict[int, int] = {}  # changes of each file still on their way
+        # Files counted as published, numbered, for newer_here(): a database read
+        # that began before a push committed holds the records from before it.
+        self.published = 0
+        self._published_recent: deque[tuple[int, int]] = deque(maxlen=PUBLISHED_KEEP)
         # Files whose copy here changed under the kernel's cached attributes or pages
         # (by any pull: open, setattr, a tiering command): the next open drops them.
         self.stale_in_kernel: set[int] = set()
@@ -269,6 +274,8 @@ class SharedView:
                     self.unpublished.discard(pub.ino)
                     self._gen.pop(pub.ino, None)
                     self.local.set_unpublished(pub.ino, False)
+                    self.published += 1
+                    self._published_recent.append((self.published, pub.ino))
 
     def _snapshot(self, ino: int):
         """(write generation, dirty?, what to publish) of a file, None if gone here.
@@ -312,10 +319,31 @@ class SharedView:
         """A file made here: this node's copy starts as the shared record."""
         self.local.take_view(node, {}, ())
 
-    def local_attrs(self, node):
-        """A file's attributes as this node has them: its own size and times while
-        it has changes not yet published."""
-        if node.ino not in self.unpublished:
+    def newer_here(self, ino: int, since: int) -> bool:
+        """Whether this node's copy of a file is at least as new as a shared record
+        read after `since` (the value of `published` before the read): it holds
+        changes not published yet, or published them since, maybe after the read
+        (a getattr that read the database while a push committed must not answer
+        the size from before this node's writes: the kernel would take it)."""
+        if ino in self.unpublished:
+            return True
+        if self.published == since:
+            return False
+        recent = self._published_recent
+        if not recent or recent[0][0] > since + 1:
+            return True  # forgotten already: assume it was
+        for n, done in reversed(recent):
+            if n <= since:
+                return False
+            if done == ino:
+                return True
+        return False
+
+    def local_attrs(self, node, since: int):
+        """A file's attributes as this node has them: its own size and times if its
+        copy is newer than the shared record `node`, read after `since` (a value of
+        `published`)."""
+        if not self.newer_here(node.ino, since):
             return node
         try:
             mine = self.local.get_inode(node.ino)
