@@ -64,6 +64,23 @@ def test_a_push_that_read_the_file_during_a_change_leaves_it_unpublished(tmp_pat
     run(body)
 
 
+async def written_past_its_published_end(shared, stack):
+    """A file published with 8 bytes, then written to 12 here and uploaded, not yet
+    published; with the node's view and FUSE adapter."""
+    view = SharedView(shared, stack.engine, wait=1.0)
+    ops = SharedOperations(shared, view, stack.engine)
+    node = shared.create_node(ROOT_INO, b"f", stat.S_IFREG | 0o644, 0, 0)
+    view.created(node)
+    with view.changing(node.ino):
+        await stack.engine.write(node.ino, 0, b"12345678")
+    await settle(stack)
+    await view.push(node.ino)  # published: 8 bytes, in the bucket
+    with view.changing(node.ino):
+        await stack.engine.write(node.ino, 8, b"abcd")  # not yet: 12 bytes
+    await settle(stack)  # uploaded: the next push counts it as published
+    return view, ops, node
+
+
 def test_a_getattr_that_read_the_database_before_a_push_committed_answers_this_nodes_size(
         tmp_path, shared):
     """A getattr read the file's shared record, then a push of this node's newer size
@@ -74,17 +91,7 @@ def test_a_getattr_that_read_the_database_before_a_push_committed_answers_this_n
     async def body():
         async with engine_stack(tmp_path, extent_size=E, cache_size=1 << 20,
                                 upload_delay=0, checkpoint_every=0) as stack:
-            view = SharedView(shared, stack.engine, wait=1.0)
-            ops = SharedOperations(shared, view, stack.engine)
-            node = shared.create_node(ROOT_INO, b"f", stat.S_IFREG | 0o644, 0, 0)
-            view.created(node)
-            with view.changing(node.ino):
-                await stack.engine.write(node.ino, 0, b"12345678")
-            await settle(stack)
-            await view.push(node.ino)  # published: 8 bytes, in the bucket
-            with view.changing(node.ino):
-                await stack.engine.write(node.ino, 8, b"abcd")  # not yet: 12 bytes
-            await settle(stack)  # uploaded: the next push counts it as published
+            view, ops, node = await written_past_its_published_end(shared, stack)
             read, answer = threading.Event(), threading.Event()
             attrs = shared.attrs
 
@@ -117,17 +124,7 @@ def test_touching_a_file_whose_write_is_not_yet_published_keeps_its_size(tmp_pat
     async def body():
         async with engine_stack(tmp_path, extent_size=E, cache_size=1 << 20,
                                 upload_delay=0, checkpoint_every=0) as stack:
-            view = SharedView(shared, stack.engine, wait=1.0)
-            ops = SharedOperations(shared, view, stack.engine)
-            node = shared.create_node(ROOT_INO, b"f", stat.S_IFREG | 0o644, 0, 0)
-            view.created(node)
-            with view.changing(node.ino):
-                await stack.engine.write(node.ino, 0, b"12345678")
-            await settle(stack)
-            await view.push(node.ino)  # published: 8 bytes
-            with view.changing(node.ino):
-                await stack.engine.write(node.ino, 8, b"abcd")
-            await settle(stack)
+            view, ops, node = await written_past_its_published_end(shared, stack)
             attr = pyfuse3.EntryAttributes()
             attr.st_atime_ns, attr.st_mtime_ns = 1_000, 2_000
             fields = SimpleNamespace(update_size=False, update_mode=False, update_uid=False,
