@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Long fsx runs against real tierfs mounts (the exerciser of tests/fsx.py).
 
-Mounts tierfs itself (a moto S3 server of its own for the s3 configurations),
+Mounts tierfs itself (a moto S3 server of its own for the s3 configurations, a
+PostgreSQL server of its own for the pg ones: a schema per run as its namespace),
 runs the exerciser for --ops ops per configuration and seed, then a full
 verify, a remount and a full verify again. Prints one line per run (config,
 seed, ops done, ops/s, outcome, counters from `tierfs status --json`), writes
@@ -35,11 +36,13 @@ from tests.fsx import (DEFAULT_WEIGHTS, DIRECT_WEIGHTS, LEGACY_WEIGHTS,  # noqa:
                        MMAP_HEAVY_WEIGHTS, Fsx, FsxFailure, MiB)
 from tests.harness import Mount  # noqa: E402
 from tests.moto_server import make_bucket, moto_server, s3_env  # noqa: E402
+from tests.pg_server import pg_server  # noqa: E402
 
 WEIGHTS = {"default": DEFAULT_WEIGHTS, "mmap-heavy": MMAP_HEAVY_WEIGHTS,
            "legacy": LEGACY_WEIGHTS, "direct": DIRECT_WEIGHTS}
 
-# name -> backend, mount args, file size, extent size (must match the mount), weights
+# name -> backend, mount args, file size, extent size (must match the mount), weights;
+# meta="pg": the namespace in PostgreSQL (--meta-url)
 CONFIGS: dict[str, dict] = {
     # The bug report: S3, 16 MiB hot tier, one 64 MiB file, 4 MiB extents.
     "s3-16m-64m-wb": dict(backend="s3", file_mib=64, extent_mib=4, weights="default",
@@ -68,6 +71,12 @@ CONFIGS: dict[str, dict] = {
     "file-1m-4m-24m": dict(backend="file", file_mib=24, extent_mib=1, weights="default",
                            args=["--extent-size", "1M", "--cache-size", "4M",
                                  "--upload-delay", "0.05", "--checkpoint-interval", "1"]),
+    # The same on a shared namespace (the writeback cache is off there), as CI's
+    # pg-file-wb-4M regime, longer.
+    "pg-file-1m-4m-24m": dict(backend="file", meta="pg", file_mib=24, extent_mib=1,
+                              weights="default",
+                              args=["--extent-size", "1M", "--cache-size", "4M",
+                                    "--upload-delay", "0.05", "--checkpoint-interval", "0"]),
     # The direct path's reads and writes between the mount's ops, on a hot tier a sixth
     # of the file (evictions under held descriptors), with and without the writeback cache.
     "s3-1m-4m-24m-direct": dict(backend="s3", file_mib=24, extent_mib=1, weights="direct",
@@ -156,7 +165,7 @@ def counters_of(status: dict | None) -> dict:
 
 
 def run_one(name: str, seed: int, args, endpoint: str | None, workdir: str,
-            results: list[dict]) -> dict:
+            results: list[dict], pg=None) -> dict:
     """One run; its result dict goes into `results` at once and is filled in as it
     goes, so an interrupted run is reported too."""
     cfg = CONFIGS[name]
@@ -168,9 +177,12 @@ def run_one(name: str, seed: int, args, endpoint: str | None, workdir: str,
         env.update(s3_env(endpoint))
     else:
         url = f"file://{workdir}/cold"
-    mnt = Mount(workdir, url, args=cfg["args"], env=env, name="m")
+    mount_args = list(cfg["args"])
+    if cfg.get("meta") == "pg":
+        mount_args += ["--meta-url", pg.new_schema()]
+    mnt = Mount(workdir, url, args=mount_args, env=env, name="m")
     ACTIVE.append(mnt)
-    result = {"config": name, "seed": seed, "backend": cfg["backend"], "mount_args": cfg["args"],
+    result = {"config": name, "seed": seed, "backend": cfg["backend"], "mount_args": mount_args,
               "file_mib": cfg["file_mib"], "weights": cfg["weights"], "ops_wanted": args.ops,
               "ops_done": 0, "outcome": "error", "workdir": workdir}
     results.append(result)
@@ -278,7 +290,8 @@ def main(argv=None) -> int:
     if args.list:
         for name, cfg in CONFIGS.items():
             print(f"{name:24} {cfg['backend']:4} file {cfg['file_mib']} MiB, "
-                  f"weights {cfg['weights']}, {' '.join(cfg['args'])}")
+                  f"weights {cfg['weights']}, {' '.join(cfg['args'])}"
+                  + (" --meta-url (PostgreSQL)" if cfg.get("meta") == "pg" else ""))
         return 0
     names = [n for n in args.configs.split(",") if n]
     unknown = [n for n in names if n not in CONFIGS]
@@ -311,6 +324,9 @@ def main(argv=None) -> int:
             endpoint = None
             if any(CONFIGS[n]["backend"] == "s3" for n in names):
                 endpoint = stack.enter_context(moto_server())
+            pg = None
+            if any(CONFIGS[n].get("meta") == "pg" for n in names):
+                pg = stack.enter_context(pg_server())
             for name in names:
                 for seed in seeds:
                     workdir = os.path.join(base, f"{name}-seed{seed}")
@@ -318,7 +334,7 @@ def main(argv=None) -> int:
                     print(f"== {name} seed {seed} ({args.ops} ops, work dir {workdir})",
                           file=sys.stderr, flush=True)
                     try:
-                        r = run_one(name, seed, args, endpoint, workdir, results)
+                        r = run_one(name, seed, args, endpoint, workdir, results, pg)
                     finally:
                         if results and results[-1]["config"] == name \
                                 and results[-1]["seed"] == seed:
