@@ -96,9 +96,8 @@ class SharedOperations(Operations):
         """The entry of a shared record read after `since` (view.published before
         the read): with this node's size and blocks where its copy is newer."""
         node, blocks = found
-        if self.view.newer_here(node.ino, since):
-            return self._entry(self.view.local_attrs(node, since))
-        return self._entry(node, blocks)
+        mine = self.view.local_attrs(node, since)  # `node` itself if that is current
+        return self._entry(node, blocks) if mine is node else self._entry(mine)
 
     @_guard
     async def lookup(self, parent_inode, name, ctx):
