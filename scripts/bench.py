@@ -688,6 +688,16 @@ def release_settled(t, root: str, limit_s: float = 300) -> None:
         time.sleep(0.2)
 
 
+def start_cold_epoch(t, paths: list[str], order: list[int], hinted: bool) -> None:
+    """Leave `paths` only in the bucket and out of the page cache, and with `hinted`
+    send their epoch order as tierfs.HintingSampler does at the start of an epoch."""
+    release_settled(t, os.path.commonpath(paths))
+    drop_caches()
+    if hinted:
+        import tierfs
+        tierfs.hint([paths[i] for i in order], replace=True)
+
+
 def bucket_requests(t, op: str) -> int:
     """Requests of one kind the mount's daemon made to the bucket so far (0: local)."""
     if t.name != "tierfs":
@@ -867,19 +877,14 @@ def w6_training(t, cfg: Config, ctx: dict) -> dict:
             out[f"w6_busy_{label}_pct"] = e["busy_pct"]
             out[f"w6_{label}_epoch"] = e
         if isinstance(t, TierfsTarget):  # cold epochs: data only in the bucket
-            root = os.path.commonpath(paths)
             # moto on this machine answers in about a millisecond; a real bucket takes
             # tens of milliseconds to the first byte: add that latency to every GET.
             for latency, suffix in ((COLD_GET_LATENCY_S, ""), (SLOW_GET_LATENCY_S, "_50ms")):
                 with bucket_latency(t, latency):
                     for label, hinted in (("cold", False), ("cold_hinted", True)):
-                        release_settled(t, root)
-                        drop_caches()
                         order = list(range(len(paths)))
                         rng.shuffle(order)
-                        if hinted:  # what tierfs.HintingSampler does at the start of an epoch
-                            import tierfs
-                            tierfs.hint([paths[i] for i in order], replace=True)
+                        start_cold_epoch(t, paths, order, hinted)
                         first = CpuWatch(t.mount.pid)
                         with CpuWatch(t.mount.pid) as cpu:
                             e = loader.epoch(order, ctx["compute_s"], first)

@@ -63,14 +63,10 @@ def main() -> int:
         busy = []
         try:
             for rep in range(args.reps):
-                B.release_settled(target, os.path.commonpath(paths))
-                B.drop_caches()
                 order = list(range(len(paths)))
                 random.Random(args.seed + rep).shuffle(order)
                 with B.bucket_latency(target, args.latency):
-                    if not args.no_hint:
-                        import tierfs
-                        tierfs.hint([paths[i] for i in order], replace=True)
+                    B.start_cold_epoch(target, paths, order, hinted=not args.no_hint)
                     e = loader.epoch(order, args.compute_ms / 1000)
                 busy.append(e["busy_pct"])
                 print(f"epoch {rep + 1}: busy {e['busy_pct']:.1f}%, first batch "
