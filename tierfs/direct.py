@@ -163,17 +163,25 @@ def _mount_of(path, dev: int) -> _Mount | None:
     return mount
 
 
-def _placed(path) -> tuple[_Mount, str] | None:
-    """The tierfs mount `path` is on and the path inside it, told by name alone
-    (mount_table.py), if this process found that mount before; None: stat it."""
-    placed = TABLE.place(path)
-    if placed is None:
-        return None
-    hit = _mounts.get(placed[0])
-    if (hit is None or hit[0] is None or hit[1] <= time.monotonic()
-            or hit[2] != TABLE.mounts_of(placed[0])):
-        return None
-    return hit[0], placed[1]
+def _placer(paths: list):
+    """placed(i): the tierfs mount paths[i] is on and the path inside it, told by name
+    alone (mount_table.py, read once for all), if this process found that mount
+    before (perhaps by the stat of an earlier path of the batch); None: stat it."""
+    table, known = TABLE.place_all(paths), {}
+
+    def placed(i: int) -> tuple[_Mount, str] | None:
+        where = table[i]
+        if where is None:
+            return None
+        mount = known.get(where[0])
+        if mount is None:
+            hit = _mounts.get(where[0])
+            if (hit is None or hit[0] is None or hit[1] <= time.monotonic()
+                    or hit[2] != TABLE.mounts_of(where[0])):
+                return None
+            mount = known[where[0]] = hit[0]
+        return mount, where[1]
+    return placed
 
 
 def _forget(mount: _Mount) -> None:
@@ -623,11 +631,13 @@ class DirectFile(Positioned):
             E = self._E
             pos = self._pos
             idx, off = divmod(pos, E)
-            if (off + n <= E and pos == self._next_pos and idx < self._advised
+            if (off + n <= E and pos == self._next_pos
+                    and (idx < self._advised or idx == self._last)
                     and self._lo <= idx <= self._hi and idx < self._ask_at and n):
                 # The common case, kept short (a cached 1 MiB read is a matter of
                 # microseconds): a sequential read within one extent whose readahead is
-                # already under way.
+                # already under way, or within the last one (a small file's only
+                # one), which has nothing after it to read ahead.
                 fd = self._window.get(idx)
                 if fd is not None and os.preadv(fd, [view[:n]], off) == n:
                     self._pos = self._next_pos = pos + n
@@ -745,12 +755,14 @@ def _open_all(files: list, buffering: int, mount_below: int = 0,
               by_name: bool = False) -> list:
     out: list = [None] * len(files)
     todo: dict[_Mount, list[tuple[int, str, object]]] = {}
+    paths = [os.fspath(file) for file in files]
+    # A batch, by name: the daemon says what open() would (no such file, a
+    # directory...), and no stat costs a FUSE lookup for a name not cached.
+    placed_of = _placer(paths) if by_name else None
     try:
         for i, file in enumerate(files):
-            path = os.fspath(file)
-            # A batch, by name: the daemon says what open() would (no such file, a
-            # directory...), and no stat costs a FUSE lookup for a name not cached.
-            placed = _placed(path) if by_name else None
+            path = paths[i]
+            placed = placed_of(i) if placed_of is not None else None
             if placed is not None:
                 todo.setdefault(placed[0], []).append((i, placed[1], path))
                 continue

@@ -72,18 +72,25 @@ class MountTable:
     def place(self, path) -> tuple[int, str] | None:
         """(st_dev, path inside that filesystem, from its root) of the mount `path`
         lies below by name, or None where only a stat can tell."""
+        return self.place_all([path])[0]
+
+    def place_all(self, paths) -> list:
+        """place() of each of `paths`, the table read (if it changed) once for all."""
+        with self._lock:
+            if not self._fresh():
+                return [None] * len(paths)
+            return [self._place(path) for path in paths]
+
+    def _place(self, path) -> tuple[int, str] | None:
         path = os.fsdecode(path)
         if ".." in path.split("/"):
             return None
         path = os.path.abspath(path)
-        with self._lock:
-            if not self._fresh():
-                return None
-            for point in self._order:
-                if path == point or path.startswith(point.rstrip("/") + "/"):
-                    dev, root = self._points[point]
-                    inner = path[len(point):].lstrip("/")
-                    return dev, os.path.join(root.lstrip("/"), inner).rstrip("/") or "."
+        for point in self._order:
+            if path == point or path.startswith(point.rstrip("/") + "/"):
+                dev, root = self._points[point]
+                inner = path[len(point):].lstrip("/")
+                return dev, os.path.join(root.lstrip("/"), inner).rstrip("/") or "."
         return None
 
     def roots_of(self, dev: int) -> list[tuple[str, str]]:

@@ -226,3 +226,78 @@ def test_protected_symlinks_in_sticky_world_writable_directories(ns):
     assert err(ns, "tmp/alice-link", BOB, protected_symlinks=True) == errno.EACCES
     ns.link("tmp/root-link", "../pub/f", uid=0)            # the directory's owner's link
     assert resolve(ns, "tmp/root-link", BOB, [MOUNT], protected_symlinks=True)
+
+
+# ---- a batch's walks shared (resolve(..., dirs=)) ------------------------------------------
+
+def _outcome(meta, rel, creds, dirs=None):
+    """What resolve() answers: ("ino", n) or the error it raises."""
+    try:
+        return ("ino", resolve(meta, rel, creds, [MOUNT], dirs=dirs).ino)
+    except FsError as e:
+        return ("errno", e.errno)
+    except UseMount:
+        return ("mount",)
+
+
+def _random_namespace(rng) -> tuple[FakeMeta, list[str]]:
+    """Directories of mixed modes and owners, files, and symlinks to files, to
+    directories (relative, absolute, upwards), to nothing and into loops."""
+    m = FakeMeta()
+    dirs, names = [""], []
+    for k in range(60):
+        parent = rng.choice(dirs)
+        path = f"{parent}/n{k}" if parent else f"n{k}"
+        kind = rng.random()
+        owner = rng.choice([0, 1000, 1001])
+        if kind < 0.3:
+            m.dir(path, rng.choice([0o755, 0o700, 0o711, 0o750, 0o311, 0o1777]), owner,
+                  rng.choice([0, 50, 1000]))
+            dirs.append(path)
+        elif kind < 0.75:
+            m.file(path, rng.choice([0o644, 0o600, 0o640, 0o000]), owner,
+                   rng.choice([0, 50, 1000]))
+        else:
+            target = rng.choice([rng.choice(dirs + names or ["x"]), "../" * rng.randint(0, 2)
+                                 + rng.choice(names or ["x"]), MOUNT + "/" + rng.choice(dirs),
+                                 "missing", path.rsplit("/", 1)[-1]])
+            m.link(path, target.rstrip("/") or ".", uid=owner)
+            dirs.append(path)  # walked through as a directory by the paths below
+        names.append(path)
+    return m, dirs + names
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_batch_sharing_directory_walks_resolves_as_one_path_at_a_time(seed):
+    """The daemon resolves a request's paths with one walk per directory
+    (_open_paths); every answer must be the one a walk of the whole path gives,
+    errors, symlinks and their count (ELOOP) included."""
+    import random
+    rng = random.Random(seed)
+    meta, known = _random_namespace(rng)
+    extras = ["", ".", "..", "missing", "x" * 256]
+    paths = []
+    for _ in range(400):
+        base = rng.choice(known)
+        tail = rng.choice(known + extras).rsplit("/", 1)[-1]
+        rel = rng.choice([base, f"{base}/{tail}", f"{base}/./{tail}", f"{base}//{tail}",
+                          f"{base}/{tail}/", f"{base}/../{tail}", f"./{base}"])
+        paths.append(rel)
+    for creds in (ROOT, ALICE, BOB, BOB_IN_STAFF, Creds.of(0, 0)):
+        dirs: dict = {}
+        for rel in paths:
+            assert _outcome(meta, rel, creds, dirs) == _outcome(meta, rel, creds), rel
+        assert dirs  # the walks were shared
+
+
+def test_symlinks_of_a_shared_directory_walk_count_towards_forty(ns):
+    """A path's links are counted over the whole walk: those followed to reach its
+    directory (remembered once for the batch) and those of its last name."""
+    for i in range(MAX_LINKS):  # d0 -> d1 -> ... -> d39 -> pub: 40 links to a directory
+        ns.link(f"d{i}", f"d{i + 1}" if i + 1 < MAX_LINKS else "pub")
+    ns.link("pub/to-f", "f")
+    dirs: dict = {}
+    for rel, want in (("d0/f", ("ino", ns.entries[(2, b"f")])),  # 40
+                      ("d0/to-f", ("errno", errno.ELOOP)),      # 41
+                      ("d1/to-f", ("ino", ns.entries[(2, b"f")]))):  # 39 + 1
+        assert _outcome(ns, rel, BOB, dirs) == want == _outcome(ns, rel, BOB), rel
