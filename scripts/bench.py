@@ -540,7 +540,7 @@ def ensure_small_files(t, cfg: Config) -> None:
 
 
 def read_rate(path: str, expect: int, direct: bool = False) -> float:
-    buf = bytearray(1 * MiB)
+    buf = bw.read_buffer()
     opener = open
     if direct:
         import tierfs

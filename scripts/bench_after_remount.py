@@ -25,7 +25,7 @@ import time
 
 import tierfs
 from bench_read_sizes import drop_caches  # scripts/, beside this one
-from bench_workers import read_whole
+from bench_workers import read_buffer, read_whole
 
 MiB = 1 << 20
 WAYS = ("local", "tierfs.open", "mount")
@@ -34,7 +34,7 @@ WAYS = ("local", "tierfs.open", "mount")
 def read_rate(path: str, opener) -> float:
     """MiB/s of one read of the whole file in 1 MiB reads."""
     t0 = time.perf_counter()
-    total = read_whole(path, bytearray(MiB), opener)
+    total = read_whole(path, read_buffer(), opener)
     return total / MiB / (time.perf_counter() - t0)
 
 

@@ -28,7 +28,7 @@ import time
 import tierfs
 import tierfs.direct
 from bench_read_sizes import cpu_seconds  # scripts/, beside this one
-from bench_workers import read_whole
+from bench_workers import read_buffer, read_whole
 from tierfs.client import daemon_info
 
 SIZE = 64 << 10
@@ -37,7 +37,7 @@ WAYS = ("mount", "open", "open_many")
 
 
 def read_all(paths: list[str], way: str) -> int:
-    buf = bytearray(1 << 20)
+    buf = read_buffer()
     if way != "open_many":
         opener = open if way == "mount" else tierfs.open
         return sum(read_whole(path, buf, opener) for path in paths)

@@ -29,6 +29,7 @@ import time
 
 import tierfs
 from bench_read_sizes import drop_caches  # scripts/, beside this one
+from bench_workers import read_buffer
 from tierfs import read_pool
 
 HEADER = 64
@@ -47,7 +48,7 @@ def write_checkpoint(path: str, records: int, record: int) -> None:
 
 def read_checkpoint(path: str, opener, order: list[int], record: int) -> tuple[float, float]:
     """MiB/s of one run with the page cache dropped first, and of the same reads again."""
-    buf = bytearray(record)
+    buf = read_buffer(record)
     drop_caches()
     rates = []
     for _pass in ("hot", "warm"):

@@ -9,6 +9,7 @@ the start time after the (slow) process start-up, and reports either
 """
 from __future__ import annotations
 
+import mmap
 import os
 import time
 import traceback
@@ -16,7 +17,17 @@ import traceback
 BLOCK = 1 << 20
 
 
-def read_whole(path: str, buf: bytearray, opener=open) -> int:
+def read_buffer(size: int = BLOCK) -> mmap.mmap:
+    """A buffer to read into, starting on a page boundary. A fresh bytearray of 1 MiB
+    starts 16 bytes into a page (glibc's header of an mmapped block), and on some CPUs
+    (the AMD EPYC build machine) the kernel's copy from the page cache into a buffer
+    1-31 bytes past a page boundary runs several times slower: a 64 KiB file read
+    locally cost 34 µs instead of 12.5 (README, Benchmark § Where a reader's buffer
+    starts). Both sides of a comparison read into buffers placed alike."""
+    return mmap.mmap(-1, size)
+
+
+def read_whole(path: str, buf, opener=open) -> int:
     """Read a file to its end with unbuffered reads of len(buf) bytes; return its size.
     opener: open, or tierfs.open for the direct path."""
     view = memoryview(buf)
@@ -49,7 +60,7 @@ def write_blocks(path: str, size: int, block: bytes, do_fsync: bool = True,
 def read_share(paths: list[str], barrier, results) -> None:
     """Read every file of `paths` fully (64 KiB files: one or two reads each)."""
     try:
-        buf = bytearray(BLOCK)
+        buf = read_buffer()
         barrier.wait()
         t0 = time.monotonic()
         nbytes = sum(read_whole(p, buf) for p in paths)
@@ -63,7 +74,7 @@ def read_share_direct(paths: list[str], batch: int, barrier, results) -> None:
     tierfs is imported here only: it is the code under test, not the driver."""
     try:
         import tierfs
-        buf = bytearray(BLOCK)
+        buf = read_buffer()
         barrier.wait()
         t0 = time.monotonic()
         nbytes = 0
@@ -90,7 +101,7 @@ def _opener(direct: bool):
 
 def stream_read(path: str, barrier, results, direct: bool = False) -> None:
     try:
-        buf = bytearray(BLOCK)
+        buf = read_buffer()
         opener = _opener(direct)
         barrier.wait()
         t0 = time.monotonic()
@@ -125,7 +136,7 @@ def stream_write_direct(path: str, size: int, barrier, results) -> None:
 def loader_worker(paths: list[str], tasks, results) -> None:
     """Like a DataLoader worker: take (batch number, sample indices), read those
     samples, hand back (batch number, bytes). None stops the worker."""
-    buf = bytearray(BLOCK)
+    buf = read_buffer()
     while True:
         task = tasks.get()
         if task is None:

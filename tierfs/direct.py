@@ -53,7 +53,6 @@ FIRST_RANGE = 16           # extents of a file in the answer to its open (the re
 ASK_AHEAD = 16             # a sequential reader this many extents from a range's end asks for the next
 SIZE_RECHECK = 1.0         # s: a reader at the end asks the daemon whether the file grew, at most this often
 SKIP_AHEAD = 64 << 10      # a forward gap up to this between two reads is still sequential
-READALL_TAIL = 4096        # readall(): the last bytes short of this go through a copy
 # open() reads a file smaller than this through the mount: its open, getattr and read
 # requests cost the daemon less than a control round trip, and the kernel caches its
 # pages (README, Fast path: "Reads"). open_many() batches stay direct at any size.
@@ -382,18 +381,33 @@ class Positioned(io.RawIOBase):
         """The size of the file as this object knows it (the lock is held)."""
         return self._size
 
+    def read(self, size: int = -1) -> bytes:
+        """At most `size` bytes (the rest of the file if negative), read by the kernel
+        straight into the bytes object returned, as FileIO.read does (see readall)."""
+        if size is None or size < 0:
+            return self.readall()
+        return self._into_new_bytes(size)
+
     def readall(self) -> bytes:
         """The rest of the file, read by the kernel straight into the bytes object
-        returned. A BufferedReader's read(n) allocates that object and hands readinto()
-        a view of it. Filling a new buffer from Python instead (zeroing it, then
-        copying it into bytes) touches every page of fresh memory in user space:
-        several times the cost of the read itself on a virtual machine
-        (docs/architecture.md § Memory)."""
-        reader = io.BufferedReader(self, buffer_size=READALL_TAIL)  # refuses a write-only one
+        returned. RawIOBase fills a new bytearray instead, then copies it into bytes:
+        a second copy, from a buffer that glibc starts 16 bytes into a page when it is
+        large, where the kernel's copy from the page cache runs several times slower on
+        some CPUs (README, Benchmark § Where a reader's buffer starts), and a fresh
+        buffer touched page by page in user space (docs/architecture.md § Memory)."""
+        return self._into_new_bytes(None)
+
+    def _into_new_bytes(self, size: int | None) -> bytes:
+        """`size` bytes (None: up to the end) read into a new bytes object."""
+        # A BufferedReader's read(n) allocates the bytes object and hands readinto() a
+        # view of it; with a buffer of one byte it reads exactly what was asked, nothing
+        # ahead that detach() would drop.
+        reader = io.BufferedReader(self, buffer_size=1)  # refuses a write-only one
         try:
-            with self._lock:
-                left = max(0, self._end() - self._pos)
-            return reader.read(left) if left else b""
+            if size is None:
+                with self._lock:
+                    size = max(0, self._end() - self._pos)
+            return reader.read(size) if size else b""
         finally:
             reader.detach()  # this object stays open; its position is past what was read
 

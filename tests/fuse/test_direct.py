@@ -324,6 +324,14 @@ def test_seek_tell_read_and_readinto(pub):
         view = memoryview(bytearray(3 * E))
         assert raw.readinto(view[:E + 7]) == E + 7 and view[:E + 7] == data[:E + 7]
         assert raw.readall() == data[E + 7:]
+        # read(n) fills the bytes it returns: all n of them across extents, and no
+        # byte past them taken from the file (the next read starts right after).
+        raw.seek(E - 3)
+        got = raw.read(2 * E + 6)
+        assert type(got) is bytes and got == data[E - 3:3 * E + 3] and raw.tell() == 3 * E + 3
+        assert raw.read(0) == b"" and raw.read(5) == data[3 * E + 3:3 * E + 8]
+        raw.seek(len(data) - 4)
+        assert raw.read(100) == data[-4:] and raw.read(100) == b"" and raw.tell() == len(data)
 
 
 def test_large_reads_read_their_extents_at_once(pub, monkeypatch):
