@@ -77,6 +77,14 @@ class MountFile(io.RawIOBase):
         self._check_open()
         return os.readv(self._fd, [b])
 
+    def read(self, size: int = -1) -> bytes:
+        """As FileIO.read: the kernel fills the bytes returned, where RawIOBase would
+        read into a new bytearray and copy it (DirectFile.readall says why not)."""
+        if size is None or size < 0:
+            return self.readall()
+        self._check_open()
+        return os.read(self._fd, size)
+
     def readall(self) -> bytes:
         """The rest of the file: one read of the size known at open, and one more
         that finds the end."""
