@@ -25,6 +25,8 @@ import os
 import statistics
 import time
 
+from bench_workers import read_whole  # scripts/, beside this one
+
 MiB = 1 << 20
 BIG = 256 * MiB
 SMALL, SMALL_FILES = 64 << 10, 4000
@@ -32,12 +34,13 @@ OFFSETS = (0, 8, 16, 24, 32, 48, 64, 2048)
 
 
 def make_file(path: str, size: int) -> None:
+    """`size` random bytes (a multiple of 1 MiB, or less than 1 MiB) at `path`, once."""
     if os.path.exists(path) and os.path.getsize(path) == size:
         return
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    block = os.urandom(MiB)
+    block = os.urandom(min(size, MiB))
     with open(path, "wb") as f:
-        for _ in range(size // MiB):
+        for _ in range(size // len(block)):
             f.write(block)
 
 
@@ -55,9 +58,7 @@ def copy_rate(path: str, view: memoryview) -> float:
 def small_cost(paths: list[str], view: memoryview) -> float:
     t0 = time.perf_counter()
     for path in paths:
-        with open(path, "rb", buffering=0) as f:
-            while f.readinto(view):
-                pass
+        read_whole(path, view)
     return (time.perf_counter() - t0) / len(paths) * 1e6
 
 
@@ -79,10 +80,7 @@ def main() -> None:
     make_file(big, BIG)
     smalls = [os.path.join(args.local_dir, "small", f"{i:05d}") for i in range(SMALL_FILES)]
     for path in smalls:
-        if not os.path.exists(path):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "wb") as f:
-                f.write(os.urandom(SMALL))
+        make_file(path, SMALL)
     area = mmap.mmap(-1, 2 * MiB)  # starts on a page boundary
     views = {off: memoryview(area)[off:off + MiB] for off in OFFSETS}
     copy_rate(big, views[0])  # into the page cache
