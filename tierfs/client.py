@@ -5,6 +5,7 @@ import errno
 import json
 import os
 import socket
+import sys
 
 from . import registry
 from .errors import UserError
@@ -12,11 +13,31 @@ from .mount_table import TABLE
 from .mountpoint import DEAD_MOUNT
 
 CONTROL_XATTR = "user.tierfs.control"
+ANSWER_WAIT_ENV = "TIERFS_ANSWER_WAIT"
+DEFAULT_ANSWER_WAIT_S = 10.0
+
+
+def answer_wait_s(env=os.environ) -> float:
+    """Seconds to wait for a daemon's answer before pinging it, and then for the ping:
+    TIERFS_ANSWER_WAIT, or the default (with a warning where it is not 0.1-3600)."""
+    raw = env.get(ANSWER_WAIT_ENV)
+    if raw is None:
+        return DEFAULT_ANSWER_WAIT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if 0.1 <= value <= 3600:
+        return value
+    sys.stderr.write(f"tierfs: warning: {ANSWER_WAIT_ENV}={raw!r} ignored: it must be a number "
+                     f"of seconds from 0.1 to 3600; waiting {DEFAULT_ANSWER_WAIT_S:g}s\n")
+    return DEFAULT_ANSWER_WAIT_S
+
+
 # A command may take long (prefetch fetches first), but the daemon's event loop answers
 # a ping at once while it works: a reply not here after ANSWER_CHECK_S sends one, and a
 # daemon that does not answer that within PING_WAIT_S (stopped, stuck) ends the wait.
-ANSWER_CHECK_S = 10.0
-PING_WAIT_S = 10.0
+ANSWER_CHECK_S = PING_WAIT_S = answer_wait_s()
 
 
 def daemon_info(path: str) -> dict:

@@ -207,7 +207,8 @@ CLI = "the command line"
 # settings of the scripts in scripts/ (tests/unit/test_config.py finds any new one).
 OTHER_ENV = ("TIERFS_READY_FD", "TIERFS_DEMO_DIR", "TIERFS_DEBIAN_MIRROR",
              "TIERFS_DOCKER_RUN_ARGS", "TIERFS_TEST_IMAGE", "TIERFS_REINSTALL",
-             "TIERFS_ACCELERATE", "TIERFS_TEST_LIMIT_S", "TIERFS_TEST_WORKERS")
+             "TIERFS_ACCELERATE", "TIERFS_TEST_LIMIT_S", "TIERFS_TEST_WORKERS",
+             "TIERFS_ANSWER_WAIT")
 
 
 def default(name: str):

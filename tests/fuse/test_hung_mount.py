@@ -26,10 +26,16 @@ from tests.harness import (cli_on_a_stopped_daemon, guard_pid, read_file, wait_u
 from tests.moto_server import s3_env
 from tests.pg_server import pg_server
 from tierfs import registry
+from tierfs.client import answer_wait_s
 from tierfs.mountpoint import DEAD_MOUNT, abort_connection, answers, mount_device, mounts
 
 # pidfd_getfd(2): the same number on every architecture that has the generic table.
 SYS_PIDFD_GETFD = {"x86_64": 438, "aarch64": 438}.get(platform.machine())
+
+# Commands on a stopped daemon wait this long for its answer, then as long for a ping
+# (10 s each by default): the tests need not wait out the default.
+QUICK_ANSWERS = dict(os.environ, TIERFS_ANSWER_WAIT="2")
+ANSWER_WAIT_S = answer_wait_s(QUICK_ANSWERS)
 
 
 def hold_connection(pid: int) -> int:
@@ -132,7 +138,7 @@ def test_status_of_a_stopped_daemons_mount_says_it_does_not_answer(mount_factory
     kernel for ever, as did the first stat of a path named to prefetch & co. They now
     find the daemon from the mount table and the registry, ping it, and end with one
     line naming its pid and the fix."""
-    m = mount_factory()
+    m = mount_factory(env=QUICK_ANSWERS)
     write_file(m.path("f"), b"kept")
     os.kill(m.pid, signal.SIGSTOP)
     try:
@@ -154,7 +160,7 @@ def test_status_finds_a_stopped_daemon_mounted_through_a_symlinked_path(mount_fa
     """A mount made through a path with a symlink in it: the mount table names the
     resolved mount point, the registry named the path as given, so status found no
     daemon without asking the mount and waited in the kernel on a stopped one."""
-    m = mount_factory(start=False)
+    m = mount_factory(start=False, env=QUICK_ANSWERS)
     link = tmp_path / "via-link"
     link.symlink_to(tmp_path)
     m.cli("mount", m.cold_url, link / os.path.basename(m.mountpoint), "--cache-dir",
@@ -172,17 +178,17 @@ def test_status_finds_a_stopped_daemon_mounted_through_a_symlinked_path(mount_fa
 def test_sync_wait_on_a_daemon_stopped_meanwhile_ends_and_says_so(mount_factory, tmp_path):
     """A daemon stopped (or stuck) while `tierfs sync --wait` waits for it: the command
     waited for ever, past its own --timeout. It ends once the daemon has said nothing
-    for SYNC_SILENCE_S (it sends progress every half second), with exit 3: the data is
-    not known to be in the bucket."""
-    from tierfs.cli.tiering import SYNC_SILENCE_S
+    for SYNC_SILENCE_S (three answer waits; it sends progress every half second), with
+    exit 3: the data is not known to be in the bucket."""
     faults = tmp_path / "faults.json"
     faults.write_text(json.dumps({}))
-    m = mount_factory(args=("--fault-file", str(faults), "--upload-delay", "3600"))
+    m = mount_factory(args=("--fault-file", str(faults), "--upload-delay", "3600"),
+                      env=QUICK_ANSWERS)
     faults.write_text(json.dumps({"hang": True, "hang_ops": ["put"]}))  # uploads wait
     write_file(m.path("f"), b"not in the bucket yet")
     try:
         sync = cli_on_a_stopped_daemon(m, ["sync", m.mountpoint, "--wait", "--timeout", "3600"],
-                                       "sync", SYNC_SILENCE_S + 60)
+                                       "sync", 3 * ANSWER_WAIT_S + 60)
     finally:
         faults.write_text(json.dumps({}))
     out, err = sync.stdout, sync.stderr
@@ -196,10 +202,10 @@ def test_prefetch_on_a_daemon_stopped_meanwhile_ends_and_says_so(mount_factory, 
     command waited for ever. A prefetch may rightly take long (it fetches), so the
     command pings the daemon on a second connection when the answer is late, and
     ends with one line and exit 1 once the ping goes unanswered too."""
-    from tierfs.client import ANSWER_CHECK_S, PING_WAIT_S
     faults = tmp_path / "faults.json"
     faults.write_text(json.dumps({}))
-    m = mount_factory(args=("--fault-file", str(faults), "--extent-size", "64K"))
+    m = mount_factory(args=("--fault-file", str(faults), "--extent-size", "64K"),
+                      env=QUICK_ANSWERS)
     m.allowed_log.append(r"did not answer within .*--cold-timeout")  # the fetch held up
     write_file(m.path("f"), b"cold data" * 10_000)
     m.cli("sync", m.mountpoint, "--wait", check=True)
@@ -207,7 +213,7 @@ def test_prefetch_on_a_daemon_stopped_meanwhile_ends_and_says_so(mount_factory, 
     faults.write_text(json.dumps({"hang": True, "hang_ops": ["get"]}))  # fetches wait
     try:
         prefetch = cli_on_a_stopped_daemon(m, ["prefetch", m.path("f")], "prefetch_many",
-                                           ANSWER_CHECK_S + PING_WAIT_S + 60)
+                                           2 * ANSWER_WAIT_S + 60)
     finally:
         faults.write_text(json.dumps({}))
     out, err = prefetch.stdout, prefetch.stderr
@@ -224,10 +230,10 @@ def test_scrub_of_many_files_on_a_daemon_stopped_meanwhile_ends_at_once(mount_fa
     each file's request waited for its ping to go unanswered, and the command went
     on to the next, a file at a time, for as long as the tree is large. The first
     file the daemon does not answer for ends the command."""
-    from tierfs.client import ANSWER_CHECK_S, PING_WAIT_S
     faults = tmp_path / "faults.json"
     faults.write_text(json.dumps({}))
-    m = mount_factory(args=("--fault-file", str(faults), "--extent-size", "64K"))
+    m = mount_factory(args=("--fault-file", str(faults), "--extent-size", "64K"),
+                      env=QUICK_ANSWERS)
     m.allowed_log.append(r"did not answer within .*--cold-timeout")  # the reads held up
     os.mkdir(m.path("d"))
     for i in range(12):
@@ -235,9 +241,10 @@ def test_scrub_of_many_files_on_a_daemon_stopped_meanwhile_ends_at_once(mount_fa
     m.cli("sync", m.mountpoint, "--wait", check=True)
     faults.write_text(json.dumps({"hang": True, "hang_ops": ["get"]}))  # bucket reads wait
     try:
-        # One round of pings, not one per file (12 files, 2 at a time: 6 rounds).
+        # One round of an answer wait and a ping, not one per file (12 files, 2 at a
+        # time: 6 rounds, 24 s).
         scrub = cli_on_a_stopped_daemon(m, ["scrub", "-j", "2", m.path("d")], "scrub",
-                                        2 * (ANSWER_CHECK_S + PING_WAIT_S) + 15)
+                                        3 * (2 * ANSWER_WAIT_S) + 3)
     finally:
         faults.write_text(json.dumps({}))
     out, err = scrub.stdout, scrub.stderr

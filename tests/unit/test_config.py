@@ -236,6 +236,19 @@ def test_no_warnings_inside_the_spawned_daemon():
     assert unknown_env_warnings({"TIERFS_CACHESIZE": "1G", "TIERFS_READY_FD": "5"}) == []
 
 
+def test_the_wait_for_a_daemons_answer_comes_from_the_environment(capsys):
+    from tierfs.client import answer_wait_s
+    assert answer_wait_s({}) == 10
+    assert answer_wait_s({"TIERFS_ANSWER_WAIT": "2.5"}) == 2.5
+    assert capsys.readouterr().err == ""
+    for bad in ("0", "-1", "soon", "4000", "nan", ""):
+        assert answer_wait_s({"TIERFS_ANSWER_WAIT": bad}) == 10
+        err = capsys.readouterr().err
+        assert err.startswith(f"tierfs: warning: TIERFS_ANSWER_WAIT='{bad}' ignored"), err
+        assert err.count("\n") == 1 and "3600" in err, err
+    assert "TIERFS_ANSWER_WAIT" in known_env()
+
+
 def test_every_tierfs_variable_the_scripts_and_tests_use_is_known():
     mine = {Path(__file__).resolve(), REPO / "tests" / "fuse" / "test_mount_options.py"}
     used = set()

@@ -10,7 +10,7 @@ import time
 
 from ..config import format_size
 from ..errors import NotInBucket, UserError
-from ..client import NotAnswering, call, check_answers, daemon_info, request
+from ..client import ANSWER_CHECK_S, NotAnswering, call, check_answers, daemon_info, request
 from .progress import Progress, plural
 
 
@@ -124,8 +124,9 @@ def for_each_file(verb: str, cmd: str, args, groups=None) -> tuple[list[dict], l
 
 SYNC_INOS = 100_000  # inode numbers per sync request (well within its 8 MiB at most)
 # sync --wait: the daemon sends a progress line every half second; one silent this
-# long is stopped or stuck, and the wait ends (exit 3) instead of lasting for ever.
-SYNC_SILENCE_S = 30.0
+# long (three times TIERFS_ANSWER_WAIT) is stopped or stuck, and the wait ends (exit 3)
+# instead of lasting for ever.
+SYNC_SILENCE_S = 3 * ANSWER_CHECK_S
 # Files per request of prefetch, pin, release and unpin (a prefetch's files packed next to
 # each other come in one GET).
 BATCH_FILES = 1024
