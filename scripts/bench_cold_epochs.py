@@ -11,7 +11,10 @@ compare on the same files. Each epoch releases the files' hot copies, waits unti
 daemon has emptied them, drops the page cache, hints the epoch's order (unless
 --no-hint) and runs scripts/bench.py's loader (8 processes, batches of 32, 35 ms of
 compute per batch) with `latency` seconds added to every GET. It prints the busy %,
-the first batch's wait and the stall in each of the first tenths of the epoch.
+the first batch's wait and the stall in each of the first tenths of the epoch, and how
+the runs of files fetched along were installed (the daemon's
+tierfs_fetched_install_seconds: the wait for one of its install threads, and the writing of
+the run's hot copies; a run's files hold their memory until it is installed).
 `--remove` unmounts and deletes the work dir.
 """
 from __future__ import annotations
@@ -19,15 +22,44 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import shutil
+import socket
 import statistics
 import sys
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 import bench as B  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def install_times(port: int) -> dict[str, float]:
+    """Count and sum of tierfs_fetched_install_seconds, per phase, from the daemon."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    text = opener.open(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    found = re.findall(r'^tierfs_fetched_install_seconds_(count|sum)\{phase="(\w+)"\} (\S+)$',
+                       text, re.M)
+    return {f"{phase}_{what}": float(value) for what, phase, value in found}
+
+
+def install_line(before: dict, after: dict) -> str:
+    def delta(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+    runs = delta("write_count")
+    if not runs:
+        return "installs of fetched runs: none"
+    return (f"installs of fetched runs: {runs:.0f}, each waited {1000 * delta('wait_sum') / runs:.0f} "
+            f"ms for an install thread and wrote for {1000 * delta('write_sum') / runs:.0f} ms "
+            f"(means)")
 
 
 def main() -> int:
@@ -44,8 +76,10 @@ def main() -> int:
     base = os.path.abspath(args.workdir)
     cfg = B.Config(quick=False, reps=1, ckpt_bytes=0, mixed_write_bytes=0,
                    small_files=args.files)
+    port = free_port()
     mount = B.TierfsMount(f"file://{base}/bucket", base,
-                          extra_args=("--fault-file", f"{base}/bucket-latency.json"))
+                          extra_args=("--fault-file", f"{base}/bucket-latency.json",
+                                      "--metrics-port", str(port)))
     target = B.TierfsTarget(mount)
     if args.remove:
         if mount.mounted:
@@ -67,12 +101,14 @@ def main() -> int:
                 random.Random(args.seed + rep).shuffle(order)
                 with B.bucket_latency(target, args.latency):
                     B.start_cold_epoch(target, paths, order, hinted=not args.no_hint)
+                    installs = install_times(port)
                     e = loader.epoch(order, args.compute_ms / 1000)
+                    installs = install_line(installs, install_times(port))
                 busy.append(e["busy_pct"])
                 print(f"epoch {rep + 1}: busy {e['busy_pct']:.1f}%, first batch "
                       f"{e['first_batch_s']:.2f} s, stall {e['stall_s']:.2f} s, by tenth "
-                      f"{' '.join(f'{x:.2f}' for x in e['stall_by_tenth_s'][:4])} ...",
-                      flush=True)
+                      f"{' '.join(f'{x:.2f}' for x in e['stall_by_tenth_s'][:4])} ...; "
+                      f"{installs}", flush=True)
         finally:
             loader.close()
         print(f"median busy {statistics.median(busy):.1f}% "

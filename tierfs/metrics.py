@@ -101,7 +101,11 @@ class DaemonCollector:
 
         hist_docs = {"fuse_op_seconds": ("tierfs_fuse_op_seconds", "FUSE request latency", "op"),
                      "cold_fetch_seconds": ("tierfs_cold_fetch_seconds", "Cold fetch latency", None),
-                     "upload_seconds": ("tierfs_upload_seconds", "Upload latency", None)}
+                     "upload_seconds": ("tierfs_upload_seconds", "Upload latency", None),
+                     "fetched_install_seconds": (
+                         "tierfs_fetched_install_seconds",
+                         "Runs of extents fetched along: waiting for an install thread, writing",
+                         "phase")}
         fams = {}
         for (name, label), h in list(stats.histograms.items()):
             metric, doc, label_name = hist_docs.get(name, (f"tierfs_{name}", name, "label"))

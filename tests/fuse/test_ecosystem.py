@@ -39,13 +39,20 @@ def test_metrics_are_scraped(mount_factory):
     m = mount_factory(args=("--metrics-port", str(port), "--extent-size", "1M"))
     data = pattern(3 * MiB, 1)
     write_file(m.path("f"), data)
+    os.mkdir(m.path("d"))
+    small = [pattern(64 << 10, 10 + i) for i in range(8)]  # packed into one object
+    for i, d in enumerate(small):
+        write_file(m.path("d", f"s{i}"), d)
     make_cold(m, m.path("f"))
+    m.cli("release", "-r", m.path("d"), check=True)
+    drop_page_cache(m.mountpoint)
     assert read_file(m.path("f")) == data
     assert read_file(m.path("f")) == data  # page cache
+    assert read_file(m.path("d", "s3")) == small[3]  # its neighbours come along
 
     def scraped_once_hot():  # a reader gets fetched bytes before their install ends
         metrics = scrape(port)
-        return metrics if metrics["tierfs_hot_bytes"] == 3 * MiB else None
+        return metrics if metrics["tierfs_hot_bytes"] == 3 * MiB + 8 * (64 << 10) else None
     metrics = wait_until(scraped_once_hot, 30, "every fetched extent to be installed")
     assert metrics['tierfs_read_bytes_total{tier="cold"}'] > 0
     assert metrics["tierfs_cold_fetches_total"] >= 3
@@ -53,10 +60,14 @@ def test_metrics_are_scraped(mount_factory):
     assert metrics["tierfs_dirty_bytes"] == 0
     assert metrics['tierfs_checksum_failures_total{tier="cold"}'] == 0
     assert metrics['tierfs_s3_requests_total{op="put"}'] >= 3
-    assert metrics['tierfs_control_requests_total{cmd="release_many"}'] == 1  # make_cold's
+    assert metrics['tierfs_control_requests_total{cmd="release_many"}'] == 2  # f's and d's
     assert metrics['tierfs_fuse_op_seconds_count{op="read"}'] >= 1
     assert metrics['tierfs_fuse_op_seconds_bucket{le="+Inf",op="write"}'] >= 1
     assert metrics["tierfs_cold_fetch_seconds_count"] >= 3
+    # The seven neighbours of s3 were installed as one run.
+    for phase in ("wait", "write"):
+        assert metrics[f'tierfs_fetched_install_seconds_count{{phase="{phase}"}}'] == 1
+        assert metrics[f'tierfs_fetched_install_seconds_sum{{phase="{phase}"}}'] > 0
     assert 0 <= metrics["tierfs_hit_ratio"] <= 1
     assert not any("secret" in k.lower() or "testing" in k for k in metrics)
 

@@ -711,8 +711,15 @@ class Engine:
         """Install the neighbours a read-around fetched: their temp files written in one
         thread hop, their records set in one transaction (a neighbour each would cost
         more than its GET saved). Runs after the reader that fetched them has its bytes;
-        a failure only leaves them cold."""
+        a failure only leaves them cold. The time a run waits for an install thread and
+        the time its copies take to write go to fetched_install_seconds (where a cold
+        epoch's prefetch waits: its neighbours hold their memory until installed)."""
+        queued = time.monotonic()
+        started = queued
+
         def write_all() -> list[str]:
+            nonlocal started
+            started = time.monotonic()
             temps = []
             try:
                 for (nino, nidx), _nx, _p, piece in more:
@@ -725,6 +732,8 @@ class Engine:
 
         try:
             temps = await trio.to_thread.run_sync(write_all, limiter=self._around_limiter)
+            self.stats.observe("fetched_install_seconds", "wait", started - queued)
+            self.stats.observe("fetched_install_seconds", "write", time.monotonic() - started)
             self._install_many([(key, nx, tmp, len(piece))
                                 for (key, nx, _p, piece), tmp in zip(more, temps)])
             self.stats.inc("read_around_extents", len(more))
