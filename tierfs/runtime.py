@@ -28,7 +28,7 @@ from .cold import parse_cold_url
 from .mountpoint import check_fuse_available, check_mountpoint, check_outside_mount
 from .tier.cache import HotIndex
 from .tier.checkpoint import Checkpointer, CopyFailed, Fenced
-from .tier.engine import Engine
+from .tier.engine import AROUND_INSTALL_THREADS, Engine
 from .tier.compact import Compactor
 from .tier.gc import GarbageCollector
 from .tier.hinted import HintQueue
@@ -171,7 +171,9 @@ class Daemon:
         if self.meta.abandon_intents():
             log.info("uploads that failed or were interrupted before the last shutdown "
                      "were queued for cleanup")
-        self.hot = HotStore(os.path.join(cfg.cache_dir, "hot"))
+        self.hot = HotStore(os.path.join(cfg.cache_dir, "hot"),
+                            copy_writers=AROUND_INSTALL_THREADS)
+        self.hot.copy_writers.start()  # on this, the main thread: they die with it
         self.engine = Engine(self.meta, self.hot, self.cold, self.sb.extent_size, self.stats,
                              cold_timeout=cfg.cold_timeout, state=self.state)
         self.engine.kernel_times = cfg.writeback_cache

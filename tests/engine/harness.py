@@ -180,14 +180,16 @@ class Stack:
         to the hot tier: while held, their room stays reserved."""
         h = Hold("hot-install", "")
         hot = self.hot
-        name = "write_temp" if hasattr(hot, "write_temp") else "store_whole"  # older engines
-        inner = getattr(hot, name)
+        names = [name for name in ("write_temp", "write_temps", "store_whole")  # older engines
+                 if hasattr(hot, name)][:2]
+        for name in names:
+            inner = getattr(hot, name)
 
-        def held(*args):
-            h.wait()
-            return inner(*args)
+            def held(*args, inner=inner):
+                h.wait()
+                return inner(*args)
 
-        setattr(hot, name, held)
+            setattr(hot, name, held)
         with self.gate._lock:
             self.gate._holds.append(h)  # released with the others at exit
         return h

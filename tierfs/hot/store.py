@@ -34,6 +34,7 @@ import threading
 from ..checksum import HotCopyCheck
 from ..errors import FsError
 from . import trash as trash_module
+from .copy_writers import CopyWriters
 
 MAX_SPARES = 65536  # empty inodes kept for reuse (a few MiB of inode table)
 # A temp file is opened without O_TRUNC: a spare is empty already, and on ext4 a
@@ -74,7 +75,9 @@ def _ignore_lease_breaks() -> bool:
 
 
 class HotStore:
-    def __init__(self, root: str, max_open: int = 2048):
+    def __init__(self, root: str, max_open: int = 2048, copy_writers: int = 2):
+        """copy_writers: processes that write_temps() may use at once (one per thread
+        calling it), once `self.copy_writers.start()` has started them."""
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft != resource.RLIM_INFINITY:
             max_open = max(64, min(max_open, soft // 4))  # leave room for everything else
@@ -96,6 +99,7 @@ class HotStore:
         # kill this process (_ignore_lease_breaks).
         self.leases = _ignore_lease_breaks()
         self.trash = trash_module.Trash(root.rstrip("/") + ".trash", self._recycle)
+        self.copy_writers = CopyWriters(copy_writers)
 
     def _empty_spares(self) -> list[str]:
         """Names of the spares left in the spare directory. One with bytes in it was
@@ -304,11 +308,34 @@ class HotStore:
         self.trash.settle(trash_module.WAIT)
         return self._write_temp(ino, idx, data)
 
-    def _write_temp(self, ino: int, idx: int, data: bytes) -> str:
+    def write_temps(self, items: list[tuple[int, int, bytes]]) -> list[str]:
+        """write_temp() of many extents [(ino, idx, data)] (blocking), in the copy
+        writer processes where they can: a run of fetched neighbours. All or none: on
+        an error, the temp files written are removed."""
+        temps = [self._temp_name(ino, idx) for ino, idx, _data in items]
+        if self.copy_writers.write([(tmp, data) for tmp, (_i, _x, data) in zip(temps, items)]):
+            return temps
+        for tmp in temps:  # not done there: all of them here, as write_temp does
+            self.discard_temp(tmp)
+        temps = []
         try:
-            tmp = os.path.join(self.spare_dir, self._spares.pop())
-        except IndexError:  # no spare: a new file
-            tmp = f"{self.path(ino, idx)}.tmp{os.getpid()}-{next(self._temp_ids)}"
+            for ino, idx, data in items:
+                temps.append(self.write_temp(ino, idx, data))
+        except BaseException:
+            for tmp in temps:
+                self.discard_temp(tmp)
+            raise
+        return temps
+
+    def _temp_name(self, ino: int, idx: int) -> str:
+        """A spare's path, or a new temp file's beside the extent's place."""
+        try:
+            return os.path.join(self.spare_dir, self._spares.pop())
+        except IndexError:
+            return f"{self.path(ino, idx)}.tmp{os.getpid()}-{next(self._temp_ids)}"
+
+    def _write_temp(self, ino: int, idx: int, data: bytes) -> str:
+        tmp = self._temp_name(ino, idx)
         try:  # its directory is there but for the first extent in it: no stat per extent
             fd = os.open(tmp, TEMP_FLAGS, 0o600)
         except FileNotFoundError:
@@ -380,6 +407,7 @@ class HotStore:
             os.close(fd)
 
     def close(self) -> None:
+        self.copy_writers.close()
         self.trash.close()
         while self._fds:
             _, fd = self._fds.popitem()

@@ -52,8 +52,9 @@ REFS_CHUNK = 512 << 10  # of a pack's references read at a time while looking fo
 # GETs run far ahead of the installs; when this is used up, a fetch reads only its own
 # extent, one GET each, which costs more per file than a wide GET.
 NEIGHBOURS_IN_MEMORY = 128 << 20
-# Worker threads installing fetched neighbours at once: the rest of the I/O threads stay
-# free for the extents readers are waiting for.
+# Worker threads installing fetched neighbours at once (each hands its run to a copy
+# writer process of the hot store's, which has as many): the rest of the I/O threads
+# stay free for the extents readers are waiting for.
 AROUND_INSTALL_THREADS = 2
 # Extent records one part of a shrinking truncate drops, at most (and no more than the
 # store's purge_batch): each hot copy dropped costs a rename on this thread (20-45 us
@@ -720,15 +721,8 @@ class Engine:
         def write_all() -> list[str]:
             nonlocal started
             started = time.monotonic()
-            temps = []
-            try:
-                for (nino, nidx), _nx, _p, piece in more:
-                    temps.append(self.hot.write_temp(nino, nidx, piece))
-            except BaseException:
-                for tmp in temps:
-                    self.hot.discard_temp(tmp)
-                raise
-            return temps
+            return self.hot.write_temps([(nino, nidx, piece)
+                                         for (nino, nidx), _nx, _p, piece in more])
 
         try:
             temps = await trio.to_thread.run_sync(write_all, limiter=self._around_limiter)
