@@ -112,7 +112,7 @@ def test_the_run_of_a_helper_that_died_is_written_in_the_thread(store, caplog):
     assert read(store, 20, 0) == b"three"
 
 
-def test_a_failed_write_raises_and_leaves_no_temp_files(store, tmp_path):
+def test_a_failed_write_raises_and_leaves_no_temp_files(store):
     store._spares.clear()  # new temp files, beside the extents' places
     ino = 0x105  # its directory, "05", is a file: no copy can be made there
     with open(os.path.join(store.root, f"{ino & 0xff:02x}"), "wb"):

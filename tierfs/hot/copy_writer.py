@@ -1,13 +1,14 @@
 """A process of its own that writes hot copies for the daemon (copy_writers.py).
 
 Run as a script, `python -I -S copy_writer.py FD SIZE PARENT`: it imports only the
-standard library. It dies with the daemon (PARENT, its pid): a copy it went on writing
-into a spare after a kill -9 of the daemon could land in a file the next daemon took
-for an empty spare and wrote a copy of its own into. FD is a shared memory file of SIZE bytes; each line on stdin is a JSON list of
-[path, offset, length], and the process writes each file (created if it is not there,
-its directory too) with those bytes of the shared memory, in order, and answers one
-line: null when all are written, or [index, errno, message] of the first that failed
-(the rest are not written). It ends when stdin ends: the daemon closed it, or died.
+standard library. FD is a shared memory file of SIZE bytes; each line on stdin is a
+JSON list of [path, offset, length], and the process writes each file (created if it
+is not there, its directory too) with those bytes of the shared memory, in order, and
+answers one line: null when all are written, or [index, errno, message] of the first
+that failed (the rest are not written). It ends when stdin ends (the daemon closed it)
+and dies with the daemon (PARENT, its pid): a copy it went on writing into a spare
+after a kill -9 of the daemon could land in a file the next daemon took for an empty
+spare and wrote a copy of its own into.
 """
 import ctypes
 import json
