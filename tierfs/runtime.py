@@ -9,6 +9,7 @@ import os
 import resource
 import signal
 import socket
+import sys
 import time
 from types import SimpleNamespace
 
@@ -45,6 +46,12 @@ log = logging.getLogger("tierfs")
 # A Unix socket's path must fit in sockaddr_un.sun_path (108 bytes with its NUL).
 MAX_SOCKET_PATH = 107
 INSTALL_WAIT_S = 0.02  # how long a lookup answer on its way may take to reach the kernel
+# The trio thread answers every FUSE request and gives the interpreter lock away at
+# each of its system calls; a worker thread running Python (a GET's checks, an
+# install's hand-over) then keeps it until it blocks or this interval passes
+# (Python's default: 5 ms). A cold epoch's first batch waited that out request after
+# request.
+SWITCH_INTERVAL_S = 0.0005
 
 
 def lock_cache_dir(cache_dir: str) -> int:
@@ -144,6 +151,7 @@ class Daemon:
 
     def _prepare(self) -> None:
         cfg = self.cfg
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         # The hot tier caches up to 2048 extent fds; allow that many and more.
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft != resource.RLIM_INFINITY and soft < hard:
@@ -317,7 +325,7 @@ class Daemon:
             nursery.start_soon(self._announce_ready, on_ready)
             nursery.start_soon(self.control.serve, os.path.join(self.cfg.cache_dir, "control.sock"))
             nursery.start_soon(self._background)
-            request_wait.install(self.stats)
+            self.engine.give_way = request_wait.install(self.stats).give_way
             if self.shared is not None:
                 self.feed = self.shared.watch(self._on_change)
             await pyfuse3.main()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 
 import pytest
+import trio
+import trio.testing
 
 from tierfs.errors import FsError
 from tierfs.meta import scan
@@ -197,4 +199,33 @@ def test_fsck_records_a_pack_that_lost_its_record_again(tmp_path, lost):
             s.evict_all()
             for i, ino in enumerate(inos[1:], 2):
                 assert bytes(await s.engine.read(ino, 0, SMALL)) == bytes([i]) * SMALL
+    run(body)
+
+
+def test_neighbours_read_along_are_installed_only_when_the_mount_gives_way(tmp_path):
+    """The hot copies of files read along with a miss are installed on the trio thread
+    in a step of their own, after engine.give_way() (the mount's wait while FUSE
+    requests are queued); the reader that fetched them never waits for it."""
+    async def body():
+        async with _stack(tmp_path) as s:
+            inos, _pack = await _packed(s, 4, 1)
+            s.evict_all()
+            requests_queued = trio.Event()  # set: the mount's queue is read
+            waits = []
+
+            async def give_way():
+                waits.append(trio.current_time())
+                await requests_queued.wait()
+            s.engine.give_way = give_way
+            got = bytes(await s.engine.read(inos[0], 0, SMALL))
+            assert got == bytes([1]) * SMALL
+            await until(lambda: waits, 5, "the install of the neighbours gave way")
+            await trio.testing.wait_all_tasks_blocked()
+            assert not any(s.record(ino, 0).hot for ino in inos[1:])
+            requests_queued.set()
+            await until(lambda: all(s.record(ino, 0).hot for ino in inos[1:]), 5,
+                        "the neighbours installed once the mount gave way")
+            for i, ino in enumerate(inos[1:], 1):
+                assert bytes(await s.engine.read(ino, 0, SMALL)) == bytes([1 + i]) * SMALL
+            assert s.engine.stats.snapshot().get("read_around_extents") == 3
     run(body)

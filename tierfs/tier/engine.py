@@ -118,6 +118,9 @@ class Engine:
         self._fetching: dict[Key, _Fetch] = {}
         self._neighbour_bytes = 0  # of neighbours fetched along, until installed
         self.on_miss = lambda ino: None  # a read had to wait for the bucket (hints adapt)
+        # Background work on the trio thread awaits this before each step: the mount
+        # makes it wait while FUSE requests are queued (fs/request_wait.py).
+        self.give_way = trio.lowlevel.checkpoint
         self.gc_guard = lambda epoch: True  # may an object dropped in `epoch` go?
         self.busy: set[Key] = set()  # extents being changed: never evicted meanwhile
         # Clean hot copies found at mount are checked on their first read
@@ -726,6 +729,7 @@ class Engine:
 
         try:
             temps = await trio.to_thread.run_sync(write_all, limiter=self._around_limiter)
+            await self.give_way()  # the records and renames are a step of milliseconds
             self.stats.observe("fetched_install_seconds", "wait", started - queued)
             self.stats.observe("fetched_install_seconds", "write", time.monotonic() - started)
             self._install_many([(key, nx, tmp, len(piece))

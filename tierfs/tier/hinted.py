@@ -177,6 +177,7 @@ class HintQueue:
 
     async def _one(self, ino: int, alone: bool = False) -> None:
         try:
+            await self.engine.give_way()  # planning a wide GET reads many records
             await actions.prefetch(self.engine, ino, parallel=1, for_write=False,
                                    wanted=None if alone else self.wanted)
             self.done += 1
