@@ -115,3 +115,14 @@ def test_background_goes_on_at_once_with_no_request_queued(trio_waits, fuse_fd):
         return trio.current_time() - t0
     assert trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0)) == 0
     assert "background_gave_way" not in waiter.stats.counters
+
+
+def test_a_closed_device_holds_no_requests(trio_waits):
+    a, b = socket.socketpair()
+    waiter = request_wait.RequestWaiter(Stats())
+    with b:
+        trio.run(waiter.wait_readable, a.fileno())
+        b.send(b"request")
+        assert waiter.requests_queued()
+        a.close()  # the session ended: poll says POLLNVAL, not POLLIN
+        assert not waiter.requests_queued()

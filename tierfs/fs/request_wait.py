@@ -56,8 +56,10 @@ class RequestWaiter:
         await trio.lowlevel.wait_readable(fd)
 
     def requests_queued(self) -> bool:
-        """Whether FUSE requests wait unread (a zero-timeout poll)."""
-        return any(poll.poll(0) for poll in self._polls.values())
+        """Whether FUSE requests wait unread (a zero-timeout poll; a closed device, at
+        unmount, holds none)."""
+        return any(events & select.POLLIN
+                   for poll in self._polls.values() for _fd, events in poll.poll(0))
 
     async def give_way(self) -> None:
         """Called by background work on the trio thread before each of its steps:
