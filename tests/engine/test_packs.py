@@ -3,6 +3,7 @@ lost pack, a rewrite or a compaction while they read."""
 from __future__ import annotations
 
 import errno
+import os
 
 import pytest
 import trio
@@ -229,3 +230,29 @@ def test_neighbours_read_along_are_installed_only_when_the_mount_gives_way(tmp_p
                 assert bytes(await s.engine.read(ino, 0, SMALL)) == bytes([1 + i]) * SMALL
             assert s.engine.stats.snapshot().get("read_around_extents") == 3
     run(body)
+
+
+def test_neighbours_waiting_to_be_installed_leave_no_temp_files_when_the_engine_stops(tmp_path):
+    """The daemon stops (its background tasks cancelled) while the fetched neighbours'
+    hot copies are written and wait for their install: no temp file is left behind
+    (new ones beside their extents' places, or spares with bytes in them)."""
+    holding = []
+
+    async def body():
+        async with _stack(tmp_path) as s:
+            inos, _pack = await _packed(s, 4, 1)
+            s.evict_all()
+
+            async def give_way():
+                holding.append((s.hot.root, s.hot.spare_dir))
+                await trio.sleep_forever()
+            s.engine.give_way = give_way
+            assert bytes(await s.engine.read(inos[0], 0, SMALL)) == bytes([1]) * SMALL
+            await until(lambda: holding, 5, "the neighbours' copies written, install waiting")
+    run(body)
+    root, spare = holding[0]
+    temps = [os.path.join(d, n) for d, _subdirs, names in os.walk(root)
+             for n in names if ".tmp" in n]
+    temps += [os.path.join(spare, n) for n in os.listdir(spare)
+              if os.path.getsize(os.path.join(spare, n))]
+    assert temps == [], f"temp files left behind: {temps}"
