@@ -729,14 +729,14 @@ class Engine:
 
         try:
             temps = await trio.to_thread.run_sync(write_all, limiter=self._around_limiter)
+            self.stats.observe("fetched_install_seconds", "wait", started - queued)
+            self.stats.observe("fetched_install_seconds", "write", time.monotonic() - started)
             try:
                 await self.give_way()  # the records and renames are a step of milliseconds
             except BaseException:  # cancelled (the daemon stops): no temp files left behind
                 for tmp in temps:
                     self.hot.discard_temp(tmp)
                 raise
-            self.stats.observe("fetched_install_seconds", "wait", started - queued)
-            self.stats.observe("fetched_install_seconds", "write", time.monotonic() - started)
             self._install_many([(key, nx, tmp, len(piece))
                                 for (key, nx, _p, piece), tmp in zip(more, temps)])
             self.stats.inc("read_around_extents", len(more))
