@@ -97,6 +97,24 @@ def test_spares_are_written_over_and_cut_to_the_new_size(store):
     assert read(store, 10, 0) == b"new"
 
 
+def test_a_run_written_in_the_thread_goes_into_the_spares_it_was_given(tmp_path):
+    s = HotStore(str(tmp_path / "hot"))  # no helpers: the thread writes every run
+    try:
+        s.install_temp(s.write_temp(9, 0, b"x" * 5000), 9, 0)
+        s.remove(9, 0)
+        assert s.trash.settle(10)
+        if not s._spares:
+            pytest.skip("no leases here: no spares")
+        spare = os.path.join(s.spare_dir, s._spares[-1])
+        items = [(10, 0, b"new")]
+        temps = s.write_temps(items)
+        assert temps == [spare], "the spare was dropped, a new file written instead"
+        install(s, items, temps)
+        assert read(s, 10, 0) == b"new"
+    finally:
+        s.close()
+
+
 def test_the_run_of_a_helper_that_died_is_written_in_the_thread(store, caplog):
     (helper,) = helpers(store)
     helper.proc.kill()

@@ -293,15 +293,15 @@ class HotStore:
             return None
 
     # ---- blocking helpers: run these in worker threads --------------------------
-    def write_temp(self, ino: int, idx: int, data: bytes) -> str:
+    def write_temp(self, ino: int, idx: int, data: bytes, tmp: str | None = None) -> str:
         """Write a complete extent to a temp file (blocking); install_temp() or
-        discard_temp() it afterwards. The temp file is a spare where it lies, if there
-        is one (no rename until the install), else a new file beside the extent's
-        place. Temp files never collide: two fetches of one extent may overlap (one
-        for a stale record). A full disk is tried again once the trash has emptied
-        what it holds."""
+        discard_temp() it afterwards. The temp file is `tmp` (a name _temp_name gave)
+        or a spare where it lies, if there is one (no rename until the install), else a
+        new file beside the extent's place. Temp files never collide: two fetches of one
+        extent may overlap (one for a stale record). A full disk is tried again once the
+        trash has emptied what it holds."""
         try:
-            return self._write_temp(ino, idx, data)
+            return self._write_temp(ino, idx, data, tmp)
         except OSError as e:
             if e.errno != errno.ENOSPC or not self.trash.waiting:
                 raise
@@ -315,15 +315,11 @@ class HotStore:
         temps = [self._temp_name(ino, idx) for ino, idx, _data in items]
         if self.copy_writers.write([(tmp, data) for tmp, (_i, _x, data) in zip(temps, items)]):
             return temps
-        for tmp in temps:  # not done there: all of them here, as write_temp does
-            self.discard_temp(tmp)
-        temps = []
-        try:
-            for ino, idx, data in items:
-                temps.append(self.write_temp(ino, idx, data))
+        try:  # not done there: all of them here, into the same temp files
+            for i, (ino, idx, data) in enumerate(items):
+                temps[i] = self.write_temp(ino, idx, data, temps[i])
         except BaseException:
-            for tmp in temps:
-                self.discard_temp(tmp)
+            self.discard_temps(temps)
             raise
         return temps
 
@@ -334,8 +330,8 @@ class HotStore:
         except IndexError:
             return f"{self.path(ino, idx)}.tmp{os.getpid()}-{next(self._temp_ids)}"
 
-    def _write_temp(self, ino: int, idx: int, data: bytes) -> str:
-        tmp = self._temp_name(ino, idx)
+    def _write_temp(self, ino: int, idx: int, data: bytes, tmp: str | None = None) -> str:
+        tmp = tmp or self._temp_name(ino, idx)
         try:  # its directory is there but for the first extent in it: no stat per extent
             fd = os.open(tmp, TEMP_FLAGS, 0o600)
         except FileNotFoundError:
@@ -371,6 +367,11 @@ class HotStore:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+
+    @classmethod
+    def discard_temps(cls, temps: list[str]) -> None:
+        for tmp in temps:
+            cls.discard_temp(tmp)
 
     def copy_matches(self, ino: int, idx: int, length: int, checksum: int) -> bool:
         """Whether an extent file holds the extent's `length` bytes (checksum.

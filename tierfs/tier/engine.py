@@ -734,8 +734,7 @@ class Engine:
             try:
                 await self.give_way()  # the records and renames are a step of milliseconds
             except BaseException:  # cancelled (the daemon stops): no temp files left behind
-                for tmp in temps:
-                    self.hot.discard_temp(tmp)
+                self.hot.discard_temps(temps)
                 raise
             self._install_many([(key, nx, tmp, len(piece))
                                 for (key, nx, _p, piece), tmp in zip(more, temps)])
