@@ -19,7 +19,7 @@ The waiter also lets background work on the trio thread give way to requests
 next hinted GET, costs milliseconds per step, and a request that arrives meanwhile
 waits for every such step the scheduler runs before it. At the start of a cold
 epoch, while the hinted GETs bring in most of the data set at once, a data loader's
-first batch waited a second or more that way for files already hot.
+first batch waited that way for files already hot.
 """
 from __future__ import annotations
 
