@@ -97,6 +97,7 @@ class MountConfig:
     force: bool = False
     meta_url: str | None = None         # postgresql://...: a namespace shared by many nodes
     session_timeout: float = 30.0
+    lease_ttl: float = 60.0             # one node: the writer lease's life without a renewal
     meta_timeout: float = 60.0          # shared namespace: longest wait for the database
     fault_file: str | None = None       # tests only: steer a fault-injecting store
     meta_map_size: int = 1 << 36        # LMDB map to start with; doubles when full
@@ -191,6 +192,10 @@ OPTIONS = (
            "cache dir, one node)"),
     Option("session_timeout", "float", "seconds without a heartbeat after which other nodes "
            "end a node's session (shared namespace)", low=3),
+    Option("lease_ttl", "float", "seconds the writer lease in the bucket lasts without a "
+           "renewal (one node; renewed every third of it): after that another node may "
+           "mount without --force, and a node taken over notices within a third of it",
+           low=3),
     Option("meta_timeout", "float", "seconds a request waits for an unreachable or silent "
            "metadata database before EIO (shared namespace)", low=0, above=True),
     Option("fault_file", "str", "tests only", hidden=True),

@@ -113,7 +113,7 @@ def attach(cfg, cold, *, force: bool = False, allow_recover: bool = True, state=
             raise UserError(f"cache dir {cfg.cache_dir} belongs to filesystem {local.fs_id}, "
                             f"which is not at {cold.describe()}: use the right URL or a new "
                             f"cache dir")
-    lease = Lease(cold, cfg.cache_dir, getattr(cfg, "mountpoint", ""), state=state)
+    lease = Lease(cold, cfg.cache_dir, cfg.mountpoint, ttl=cfg.lease_ttl, state=state)
     took = lease.acquire(force)
     if took:
         notes.append(took)

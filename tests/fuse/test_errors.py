@@ -453,6 +453,7 @@ def test_unfinished_requests_hold_a_bounded_amount_of_the_daemons_memory(mount_f
     """Any local user may connect and send a request line without its end: the daemon
     holds such lines up to MAX_BUFFERED bytes in all (not MAX_CONNECTIONS times
     MAX_REQUEST), refuses the next with an answer, and serves everyone once they end."""
+    import select
     import socket
 
     from tierfs.client import call
@@ -460,9 +461,12 @@ def test_unfinished_requests_hold_a_bounded_amount_of_the_daemons_memory(mount_f
     m = mount_factory()
     sock_path = os.path.join(m.cache_dir, "control.sock")
     unfinished = b'{"cmd": "hint", "paths": ["' + b"p" * (MAX_REQUEST - 64)
-    held, answer = [], None
+    fit = MAX_BUFFERED // len(unfinished)
+    held = []
     try:
-        for _ in range(MAX_BUFFERED // len(unfinished) + 2):
+        # A send returns once the daemon has read (nearly) all of it: held, or refused
+        # with an answer (then the rest of the send breaks: the answer waits to be read).
+        for _ in range(fit + 2):
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             held.append(s)
             s.settimeout(30)
@@ -470,18 +474,14 @@ def test_unfinished_requests_hold_a_bounded_amount_of_the_daemons_memory(mount_f
             try:
                 s.sendall(unfinished)
             except (BrokenPipeError, ConnectionResetError):
-                pass  # refused while sending: its answer waits to be read
-            try:
-                s.settimeout(0.5 if answer is None else 30)
-                got = s.recv(4096)
-            except TimeoutError:
-                continue  # held by the daemon, waiting for the rest of its line
-            answer = json.loads(got)
-            break
-        assert answer is not None, f"{len(held)} unfinished requests were all held"
+                pass
+        answered = select.select(held, [], [], 30)[0]
+        assert answered, f"{len(held)} unfinished requests were all held"
+        first = min(held.index(s) for s in answered)
+        answer = json.loads(held[first].recv(4096))
         assert answer == {"ok": False, "error": "the daemon holds too many unfinished "
                                                 "requests; try again"}, answer
-        assert len(held) >= MAX_BUFFERED // len(unfinished) - 1
+        assert first >= fit - 1, f"refused after {first} unfinished requests, not {fit - 1}"
     finally:
         for s in held:
             s.close()

@@ -321,8 +321,10 @@ def test_a_sync_wait_on_a_mount_taken_over_meanwhile_says_so(s3m, tmp_path):
     from tests.fuse.test_outage import set_faults
     faults = str(tmp_path / "faults.json")
     set_faults(faults, {})
-    a = s3m("--fault-file", faults, name="a")
+    a = s3m("--fault-file", faults, "--lease-ttl", "6", name="a")  # renews every 2 s
     a.allowed_log += [TAKEN_OVER, "injected", "lease renewal"]
+    held = lease(a)
+    assert held["renew_every"] == 2 and held["expires"] - held["renewed"] == 6, held
     write_file(a.path("before"), b"x")
     a.cli("sync", a.mountpoint, "--wait", check=True)
     set_faults(faults, {"hang": True, "hang_ops": ["put"]})
@@ -333,7 +335,7 @@ def test_a_sync_wait_on_a_mount_taken_over_meanwhile_says_so(s3m, tmp_path):
     try:
         b = s3m(name="b", start=False)
         b.start("--force")
-        out, err = sync.communicate(timeout=90)  # a renews every 20 s
+        out, err = sync.communicate(timeout=90)
     finally:
         if sync.poll() is None:
             sync.kill()
