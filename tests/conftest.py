@@ -1,10 +1,12 @@
 """Shared fixtures: a moto S3 server per session and mounted tierfs daemons."""
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import sys
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -162,9 +164,18 @@ def mount_factory(tmp_path, request):
         return m
 
     yield factory
+    # The mounts of different mount points stop at once (each waits for its own daemon
+    # to exit); those of one mount point in the order they were made.
+    by_place = collections.defaultdict(list)
+    for m in created:
+        by_place[m.mountpoint].append(m)
+    with ThreadPoolExecutor(max(1, len(by_place))) as pool:
+        stops = [pool.submit(lambda ms: [m.cleanup() for m in ms], ms)
+                 for ms in by_place.values()]
+    for stop in stops:
+        stop.result()  # re-raises what a cleanup raised, once all of them are done
     problems = []
     for m in created:
-        m.cleanup()
         problems += m.unexpected_log_lines()
     if problems and not request.node.get_closest_marker("allow_log_errors"):
         pytest.fail("daemon logged unexpected errors:\n" + "\n".join(problems[:20]))

@@ -12,6 +12,7 @@ import random
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -54,8 +55,13 @@ def nodes(mount_factory, s3_url, s3_endpoint, postgres):
     env = dict(os.environ, **s3_env(s3_endpoint))
     url = postgres.new_schema()
     args = ("--meta-url", url, "--session-timeout", "6")
-    return [mount_factory(cold_url=s3_url, env=env, name=f"n{i}", args=args)
-            for i in range(NODES)]
+    first, *others = [mount_factory(cold_url=s3_url, env=env, name=f"n{i}", args=args,
+                                    start=False) for i in range(NODES)]
+    first.start()  # makes the filesystem; the others join it at once, as nodes of a job do
+    with ThreadPoolExecutor(len(others)) as pool:
+        for started in [pool.submit(m.start) for m in others]:
+            started.result()
+    return [first, *others]
 
 
 def test_close_to_open_across_nodes(nodes):
