@@ -24,7 +24,6 @@ import threading
 import time
 
 from .mount_table import TABLE
-from .direct import open as direct_open
 
 POINTS_TTL = 2.0  # seconds a list of tierfs mount points is kept
 
@@ -72,5 +71,6 @@ def routed_open(file, mode="r", buffering=-1, encoding=None, errors=None, newlin
         except TypeError:
             path = None
         if path is not None and on_tierfs(path):
+            from .direct import open as direct_open  # loaded once, on the first such open
             return direct_open(file, mode, buffering)
     return _builtin_open(file, mode, buffering, encoding, errors, newline, closefd, opener)

@@ -7,7 +7,6 @@ import shutil
 import tempfile
 
 from ..errors import UserError
-from ..meta.kv import is_postgres_url
 from .offline import _log_errors_to_stderr, s3_args
 
 
@@ -35,6 +34,7 @@ def _is_bucket(location: str) -> bool:
 def cmd_dump(args) -> int:
     from ..meta import MetaStore
     from ..meta.dump import dump
+    from ..meta.kv import is_postgres_url
     _log_errors_to_stderr()
     if is_postgres_url(args.source):
         meta = MetaStore(args.source)
@@ -91,6 +91,7 @@ def _dump_bucket(args) -> int:
 def cmd_load(args) -> int:
     from ..meta import MetaStore
     from ..meta.dump import check, load
+    from ..meta.kv import is_postgres_url
     _log_errors_to_stderr()
     header = check(args.file)  # before anything is created
     lock = None
