@@ -15,10 +15,15 @@ __all__ = ["HintingSampler", "accelerate", "hint", "open_many", "__version__"]
 
 
 def __getattr__(name: str):
-    where = _API.get(name)
-    if where is None:
-        raise AttributeError(f"module 'tierfs' has no attribute {name!r}")
     import importlib
+    where = _API.get(name)
+    if where is None:  # a submodule (tierfs.direct.MOUNT_BELOW after import tierfs)
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module 'tierfs' has no attribute {name!r}") from None
     value = getattr(importlib.import_module(f"{__name__}.{where}"), name)
     globals()[name] = value
     return value

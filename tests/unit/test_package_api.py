@@ -1,0 +1,35 @@
+"""import tierfs stays light (every command, the daemon and its guard import it) and
+still offers the whole data-loader API."""
+import subprocess
+import sys
+
+import pytest
+
+
+def run(code: str) -> str:
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+def test_import_tierfs_loads_neither_the_direct_path_nor_the_metadata_engine():
+    loaded = run("import sys, tierfs; print(' '.join(sorted(sys.modules)))").split()
+    assert not {"tierfs.direct", "tierfs.hints", "tierfs.meta", "tierfs.client"} & set(loaded)
+
+
+@pytest.mark.parametrize("name, kind", [("open", "function"), ("open_many", "function"),
+                                        ("hint", "function"), ("HintingSampler", "type"),
+                                        ("accelerate", "function")])
+def test_the_api_loads_on_first_use(name, kind):
+    assert run(f"import tierfs; print(type(tierfs.{name}).__name__)").strip() == kind
+
+
+def test_submodules_and_star_import_work_after_import_tierfs():
+    out = run("import tierfs\n"
+              "print(tierfs.direct.MOUNT_BELOW > 0)\n"
+              "from tierfs import *\n"
+              "print(sorted(n for n in dir() if not n.startswith('_')))\n"
+              "print(hasattr(tierfs, 'no_such_name'))")
+    assert out.split("\n")[:3] == ["True", "['HintingSampler', 'accelerate', 'hint', "
+                                   "'open_many', 'tierfs']", "False"]
