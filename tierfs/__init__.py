@@ -4,9 +4,9 @@ __version__ = "0.1.0"
 
 from .accelerate import accelerate  # noqa: E402
 
-# The rest of the data-loader API is imported on first use: the daemon, its helper
-# processes and every command import this package too, and pay for nothing they
-# do not use (a `tierfs status` starts in half the time).
+# The rest of the data-loader API is imported on first use: a data loader's worker
+# that imports tierfs for hint() loads no direct path, and the daemon, its guard and
+# every command, which import this package too, load only what they use.
 _API = {"HintingSampler": "hints", "hint": "hints",
         "open": "direct", "open_many": "direct"}  # tierfs.open: the direct path
 
