@@ -306,7 +306,7 @@ class HotStore:
             if e.errno != errno.ENOSPC or not self.trash.waiting:
                 raise
         self.trash.settle(trash_module.WAIT)
-        return self._write_temp(ino, idx, data)
+        return self._write_temp(ino, idx, data, tmp)
 
     def write_temps(self, items: list[tuple[int, int, bytes]]) -> list[str]:
         """write_temp() of many extents [(ino, idx, data)] (blocking), in the copy
