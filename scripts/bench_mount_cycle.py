@@ -12,7 +12,9 @@ one control request, its answer printed), the seconds `tierfs umount` takes unti
 seconds per cycle of the whole machine (/proc/stat: both commands, the daemon, its
 connection guard and helper processes, and the kernel's share; other work on the machine
 counts too, so run it on a quiet one and compare checkouts side by side:
-PYTHONPATH=CHECKOUT picks the code that runs).
+PYTHONPATH=CHECKOUT picks the code that runs). Also printed: what `import tierfs` alone
+takes (python -X importtime, the package's cumulative time; median of 10), which every
+command, the daemon and a data loader's worker pay.
 """
 from __future__ import annotations
 
@@ -35,8 +37,18 @@ def machine_cpu_seconds() -> float:
 
 
 def tierfs(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "tierfs", *args], check=True,
+    # -P: the package from PYTHONPATH or the install, never a checkout in the current
+    # directory (as the daemon, which runs with -P, gets it).
+    subprocess.run([sys.executable, "-P", "-m", "tierfs", *args], check=True,
                    stdout=subprocess.DEVNULL)
+
+
+def import_seconds() -> float:
+    """The cumulative import time of the tierfs package alone, as -X importtime reports it."""
+    res = subprocess.run([sys.executable, "-P", "-X", "importtime", "-c", "import tierfs"],
+                         capture_output=True, text=True, check=True)
+    line = [ln for ln in res.stderr.splitlines() if ln.rstrip().endswith("| tierfs")][-1]
+    return int(line.split("|")[1]) / 1e6
 
 
 def run(work: str, cycles: int, first: int) -> tuple[float, float, float, float]:
@@ -74,11 +86,14 @@ def main() -> None:
         results = [run(work, args.cycles, rep * args.cycles) for rep in range(args.reps)]
     finally:
         if os.path.ismount(os.path.join(work, "mnt")):
-            subprocess.run([sys.executable, "-m", "tierfs", "umount", os.path.join(work, "mnt")])
+            subprocess.run([sys.executable, "-P", "-m", "tierfs", "umount",
+                            os.path.join(work, "mnt")])
         shutil.rmtree(work, ignore_errors=True)
+    import_s = statistics.median(import_seconds() for _ in range(10))
     mount_s, status_s, umount_s, cpu_s = (statistics.median(r[k] for r in results)
                                           for k in range(4))
     print(f"cycles {args.cycles} x {args.reps} runs (medians)")
+    print(f"import tierfs           {import_s * 1000:.1f} ms")
     print(f"tierfs mount            {mount_s:.3f} s")
     print(f"tierfs status           {status_s:.3f} s")
     print(f"tierfs umount           {umount_s:.3f} s")
