@@ -43,8 +43,25 @@ MAX_SPARES = 65536  # empty inodes kept for reuse (a few MiB of inode table)
 # leaving them to the kernel's writeback.
 TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC
 CHECK_PIECE = 1 << 20  # copy_matches reads an extent file in pieces of this size
+# Hot copies are opened with O_NOATIME: a fetched copy is read right after it is
+# written, and on a relatime mount (atime not after mtime) that first read would dirty
+# its inode, a journal update per copy on the thread that reads it, most often the
+# trio thread. Nothing reads a hot copy's atime. Where the flag is refused (EPERM:
+# the daemon neither owns the file nor has CAP_FOWNER), files are opened without it.
+_noatime = getattr(os, "O_NOATIME", 0)
 
 _local = threading.local()
+
+
+def open_copy(path: str, flags: int, mode: int = 0o600) -> int:
+    """os.open() of a hot copy, with O_NOATIME where the daemon may use it."""
+    global _noatime
+    if _noatime:
+        try:
+            return os.open(path, flags | _noatime, mode)
+        except PermissionError:
+            _noatime = 0  # not the files' owner: plain opens from now on
+    return os.open(path, flags, mode)
 
 
 def _read_buffer() -> memoryview:
@@ -130,12 +147,12 @@ class HotStore:
         path = self.path(ino, idx)
         flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
         try:
-            fd = os.open(path, flags, 0o600)
+            fd = open_copy(path, flags)
         except FileNotFoundError:
             if not create:
                 raise
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            fd = os.open(path, flags, 0o600)
+            fd = open_copy(path, flags)
         self._fds[key] = fd
         if len(self._fds) > self._max_open:
             _, old = self._fds.popitem(last=False)
@@ -225,12 +242,12 @@ class HotStore:
         path = self.path(ino, idx)
         flags |= os.O_CLOEXEC
         try:
-            return os.open(path, flags, 0o600)
+            return open_copy(path, flags)
         except FileNotFoundError:
             if not flags & os.O_CREAT:
                 raise
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            return os.open(path, flags, 0o600)
+            return open_copy(path, flags)
 
     def exists(self, ino: int, idx: int) -> bool:
         """Whether an extent file is there (or open here: a descriptor keeps it)."""
@@ -387,7 +404,8 @@ class HotStore:
         keeps (README, Benchmark: "After a remount")."""
         check = HotCopyCheck(length, checksum)
         buf = _read_buffer()
-        with open(self.path(ino, idx), "rb", buffering=0) as f:
+        with open(open_copy(self.path(ino, idx), os.O_RDONLY | os.O_CLOEXEC), "rb",
+                  buffering=0) as f:
             try:
                 os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
             except OSError:

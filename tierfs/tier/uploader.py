@@ -26,6 +26,7 @@ import trio
 
 from ..checksum import xxh3
 from ..errors import ColdStoreError, FsError, TierfsError
+from ..hot.store import open_copy
 from ..meta.schema import DIRTY, Ref, object_name
 from .cache import Key
 from .checkpoint import Fenced
@@ -407,7 +408,7 @@ class Uploader:
                 out = view[at:at + length]
                 checksum = None
                 try:
-                    fd = os.open(hot.path(ino, idx), os.O_RDONLY | os.O_CLOEXEC)
+                    fd = open_copy(hot.path(ino, idx), os.O_RDONLY | os.O_CLOEXEC)
                 except FileNotFoundError:
                     pass  # gone meanwhile: zeros here, not committed
                 else:
