@@ -203,20 +203,53 @@ def test_umount_timeout_bounds_the_wait_for_a_daemon_that_does_not_exit(mount_fa
 
 
 def _start_umount(m, env=None) -> subprocess.Popen:
+    # PYTHONFAULTHANDLER: a SIGABRT makes it print its threads' stacks (_interrupted).
     return subprocess.Popen([sys.executable, "-m", "tierfs", "umount", m.mountpoint],
-                            env=env or m.env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            env=dict(env or m.env or os.environ, PYTHONFAULTHANDLER="1"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _process_tree(pid: int) -> str:
+    """A line per process of the tree at `pid`: its state, where in the kernel it
+    waits, its command."""
+    lines, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            with open(f"/proc/{p}/wchan") as f:
+                wchan = f.read() or "-"
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except OSError:
+            continue  # gone meanwhile
+        lines.append(f"  pid {p} state {state} waiting in {wchan}: {cmd}")
+    return "\n".join(lines)
 
 
 def _interrupted(umount: subprocess.Popen, ready, what: str) -> tuple[str, str]:
     """Ctrl-C to a running `tierfs umount` once ready(); its (stdout, stderr). One
-    that has not ended then is killed (and the test fails on its exit status)."""
+    that has not ended 60 s later fails the test with where it and its children wait
+    and its threads' stacks, and is killed."""
     from tests.harness import wait_until
     try:
         wait_until(ready, 60, what)
         assert umount.poll() is None, umount.communicate()
         umount.send_signal(signal.SIGINT)
-        return umount.communicate(timeout=60)
+        try:
+            return umount.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            where = _process_tree(umount.pid)
+            umount.send_signal(signal.SIGABRT)
+            try:
+                stacks = umount.communicate(timeout=10)[1]
+            except subprocess.TimeoutExpired:
+                stacks = "(no stacks: SIGABRT did not end it within 10 s)"
+            pytest.fail(f"tierfs umount had not ended 60 s after Ctrl-C:\n{where}\n{stacks}")
     finally:
         if umount.poll() is None:
             umount.kill()
