@@ -211,7 +211,7 @@ def _start_umount(m, env=None) -> subprocess.Popen:
 
 def _process_tree(pid: int) -> str:
     """A line per process of the tree at `pid`: its state, where in the kernel it
-    waits, its command."""
+    waits, its signal masks (is SIGINT ignored, caught, pending?), its command."""
     lines, todo = [], [pid]
     while todo:
         p = todo.pop()
@@ -220,6 +220,9 @@ def _process_tree(pid: int) -> str:
                 state = f.read().rsplit(")", 1)[1].split()[0]
             with open(f"/proc/{p}/wchan") as f:
                 wchan = f.read() or "-"
+            with open(f"/proc/{p}/status") as f:  # signals ignored, caught, pending
+                masks = " ".join(line.split()[0] + line.split()[1] for line in f
+                                 if line.startswith(("SigIgn", "SigCgt", "SigPnd", "ShdPnd")))
             with open(f"/proc/{p}/cmdline", "rb") as f:
                 cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
             for task in os.listdir(f"/proc/{p}/task"):
@@ -227,7 +230,7 @@ def _process_tree(pid: int) -> str:
                     todo += [int(c) for c in f.read().split()]
         except OSError:
             continue  # gone meanwhile
-        lines.append(f"  pid {p} state {state} waiting in {wchan}: {cmd}")
+        lines.append(f"  pid {p} state {state} waiting in {wchan} ({masks}): {cmd}")
     return "\n".join(lines)
 
 
