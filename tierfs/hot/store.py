@@ -53,15 +53,27 @@ _noatime = getattr(os, "O_NOATIME", 0)
 _local = threading.local()
 
 
-def open_copy(path: str, flags: int, mode: int = 0o600) -> int:
+def open_copy(path: str, flags: int) -> int:
     """os.open() of a hot copy, with O_NOATIME where the daemon may use it."""
     global _noatime
     if _noatime:
         try:
-            return os.open(path, flags | _noatime, mode)
+            return os.open(path, flags | _noatime, 0o600)
         except PermissionError:
             _noatime = 0  # not the files' owner: plain opens from now on
-    return os.open(path, flags, mode)
+    return os.open(path, flags, 0o600)
+
+
+def _open_in_place(path: str, flags: int) -> int:
+    """open_copy(); with O_CREAT, the copy's subdirectory is made for the first extent
+    in it (no stat per extent)."""
+    try:
+        return open_copy(path, flags)
+    except FileNotFoundError:
+        if not flags & os.O_CREAT:
+            raise
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return open_copy(path, flags)
 
 
 def _read_buffer() -> memoryview:
@@ -144,15 +156,8 @@ class HotStore:
         if fd is not None:
             self._fds.move_to_end(key)
             return fd
-        path = self.path(ino, idx)
-        flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
-        try:
-            fd = open_copy(path, flags)
-        except FileNotFoundError:
-            if not create:
-                raise
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            fd = open_copy(path, flags)
+        fd = _open_in_place(self.path(ino, idx),
+                            os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0))
         self._fds[key] = fd
         if len(self._fds) > self._max_open:
             _, old = self._fds.popitem(last=False)
@@ -239,15 +244,7 @@ class HotStore:
     def open_private(self, ino: int, idx: int, flags: int) -> int:
         """A descriptor of an extent file of its own (for a direct writer), never the
         cached one; O_CREAT in `flags` creates the file."""
-        path = self.path(ino, idx)
-        flags |= os.O_CLOEXEC
-        try:
-            return open_copy(path, flags)
-        except FileNotFoundError:
-            if not flags & os.O_CREAT:
-                raise
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            return open_copy(path, flags)
+        return _open_in_place(self.path(ino, idx), flags | os.O_CLOEXEC)
 
     def exists(self, ino: int, idx: int) -> bool:
         """Whether an extent file is there (or open here: a descriptor keeps it)."""
