@@ -642,12 +642,14 @@ class DirectFile(Positioned):
             n = max(0, min(len(view), self._size - self._pos))
             if not n and view and self._pos >= self._size and self._grew():
                 n = min(len(view), self._size - self._pos)
+            if not n:
+                return 0  # the end (a whole-file reader's last call) or an empty buffer
             E = self._E
             pos = self._pos
             idx, off = divmod(pos, E)
             if (off + n <= E and pos == self._next_pos
                     and (idx < self._advised or idx == self._last)
-                    and self._lo <= idx <= self._hi and idx < self._ask_at and n):
+                    and self._lo <= idx <= self._hi and idx < self._ask_at):
                 # The common case, kept short (a cached 1 MiB read is a matter of
                 # microseconds): a sequential read within one extent whose readahead is
                 # already under way, or within the last one (a small file's only
@@ -658,8 +660,7 @@ class DirectFile(Positioned):
                     return n
                 # A hole, the mount, or a short extent file: the general path (again).
             done = 0
-            if n:
-                self._read_ahead(self._pos, self._pos + n)
+            self._read_ahead(self._pos, self._pos + n)
             pieces = []  # (descriptor, out, offset) in the range held, read together
             while done < n:
                 pos = self._pos + done

@@ -11,7 +11,8 @@ A path is placed by name only when nothing about it needs the kernel's walk:
   would mean what a symlink's target says);
 - the longest mount point in this process's mount table that the path lies below
   is where the mount is (the top one, where several are stacked), so a filesystem
-  mounted inside or over it is never skipped;
+  mounted inside or over it is never skipped; stacked mounts whose top the table
+  does not tell leave their paths to a stat;
 - the table is the one last read: the kernel marks /proc/self/mountinfo with a
   priority event (POLLPRI) on every mount and unmount in the mount namespace, and it
   is read again then.
@@ -47,7 +48,7 @@ class MountTable:
         self._entries: list[tuple[str, int, str, str]] = []
         self._points: dict[str, tuple[int, str]] = {}
         self._mounts: dict[int, tuple] = {}  # st_dev -> its mounts (mounts_of)
-        self._order: list[str] = []
+        self._unclear: set[str] = set()  # points of stacked mounts whose top is unclear
         self._reads = 0  # how often the table was read: a new number after every change
         _tables.add(self)
 
@@ -86,12 +87,17 @@ class MountTable:
         if ".." in path.split("/"):
             return None
         path = os.path.abspath(path)
-        for point in self._order:
-            if path == point or path.startswith(point.rstrip("/") + "/"):
-                dev, root = self._points[point]
-                inner = path[len(point):].lstrip("/")
-                return dev, os.path.join(root.lstrip("/"), inner).rstrip("/") or "."
-        return None
+        # The nearest mount point at or above the path is the longest one it lies
+        # below: one dict lookup per directory level, whatever the number of mounts
+        # (a container host has hundreds).
+        point = path
+        while (top := self._points.get(point)) is None:
+            if point in self._unclear or point == "/":
+                return None
+            point = point[:point.rindex("/")] or "/"
+        dev, root = top
+        inner = path[len(point):].lstrip("/")
+        return dev, os.path.join(root.lstrip("/"), inner).rstrip("/") or "."
 
     def roots_of(self, dev: int) -> list[tuple[str, str]]:
         """(mount point, directory of the filesystem mounted there) of every mount of
@@ -143,16 +149,17 @@ class MountTable:
             entries.append((point, dev, root, right.split(" ", 1)[0]))
             at.setdefault(point, []).append((parts[0], parts[1], dev, root))
             by_dev.setdefault(dev, []).append((parts[0], point, root))
-        points = {}
+        points, unclear = {}, set()
         for point, mounts in at.items():
             # Of mounts stacked at one point, the top one is no other's parent.
             under = {parent for _id, parent, _dev, _root in mounts}
             top = [m for m in mounts if m[0] not in under]
             if len(top) == 1:
                 points[point] = top[0][2:]
-        self._entries, self._points = entries, points
+            else:
+                unclear.add(point)
+        self._entries, self._points, self._unclear = entries, points, unclear
         self._mounts = {dev: tuple(sorted(found)) for dev, found in by_dev.items()}
-        self._order = sorted(points, key=len, reverse=True)
         self._reads += 1
 
     def _close(self) -> None:
@@ -162,7 +169,7 @@ class MountTable:
             except OSError:
                 pass
         self._file = self._poll = None
-        self._entries, self._points, self._order, self._mounts = [], {}, [], {}
+        self._entries, self._points, self._unclear, self._mounts = [], {}, set(), {}
 
 
 def _after_fork_in_child() -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 
 from tierfs.mount_table import MountTable
@@ -36,6 +37,48 @@ def test_a_path_lies_on_the_longest_mount_point_above_it(tmp_path):
 
 def test_the_top_of_stacked_mounts_is_the_one_no_other_stands_on(tmp_path):
     assert table(tmp_path).place("/srv/over/f") == (os.makedev(0, 43), "f")
+
+
+def test_stacked_mounts_whose_top_is_unclear_are_left_to_a_stat(tmp_path):
+    """Two mounts at one point, neither standing on the other: only the kernel's walk
+    tells which one a path reaches, never the filesystem mounted above them."""
+    path = tmp_path / "mountinfo"
+    path.write_text(MOUNTINFO + "60 21 0:45 / /srv/twin rw - tmpfs a rw\n"
+                                "61 21 0:46 / /srv/twin rw - tmpfs b rw\n")
+    t = MountTable(str(path))
+    assert t.place("/srv/twin/f") is None
+    assert t.place("/srv/twin") is None
+    assert t.place("/srv/twinned/f") == (os.makedev(254, 0), "srv/twinned/f")
+
+
+def test_among_hundreds_of_mounts_a_path_lies_on_the_longest_point_above_it(tmp_path):
+    """A container host's table: 400 mounts nested up to six deep, 3,000 paths at and
+    below them and beside them, each placed as the longest mount point it lies below."""
+    rng = random.Random(7)
+    devs = {"/": os.makedev(8, 0)}
+    points = ["/"]
+    lines = ["1 0 8:0 / / rw - ext4 /dev/sda rw"]
+    for k in range(400):
+        parent = rng.choice(points)
+        if parent.count("/") >= 6:
+            parent = "/"
+        point = parent.rstrip("/") + "/" + rng.choice(["m", "mnt", "m1", "data"]) + str(k % 37)
+        if point in points:
+            continue
+        points.append(point)
+        devs[point] = os.makedev(0, k + 50)
+        lines.append(f"{k + 2} 1 0:{k + 50} / {point} rw - tmpfs t{k} rw")
+    (tmp_path / "mountinfo").write_text("\n".join(lines) + "\n")
+    t = MountTable(str(tmp_path / "mountinfo"))
+    for _ in range(3000):
+        base = rng.choice(points)
+        path = base.rstrip("/") + rng.choice(["", "/f", "/d/e", "x/f", "/m1", "/data3/f"])
+        path = "/" + path.lstrip("/")
+        below = [p for p in points
+                 if p == "/" or path == p or path.startswith(p + "/")]
+        nearest = max(below, key=len)
+        inner = path[len(nearest):].lstrip("/") or "."
+        assert t.place(path) == (devs[nearest], inner), path
 
 
 def test_a_bind_mount_of_a_directory_names_paths_from_the_filesystem_root(tmp_path):
