@@ -103,7 +103,7 @@ WORKDIR /src
 # PostgreSQL's server for the metadata engine tests (they start it as the postgres user).
 RUN set -eux; apt-get update -qq; apt-get install -y -qq --no-install-recommends postgresql; \
     rm -rf /var/lib/apt/lists/*
-RUN pip install -q -e '.[test]' && python -c 'import moto, psycopg, pytest, tierfs; print("tierfs", tierfs.__version__)'
+RUN pip install -q -e '.[test]' && python -m compileall -q tierfs >/dev/null && python -c 'import moto, psycopg, pytest, tierfs; print("tierfs", tierfs.__version__)'
 COPY tests ./tests
 COPY scripts ./scripts
 COPY docs ./docs

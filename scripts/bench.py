@@ -17,8 +17,10 @@ Workloads (full sizes; --quick uses smaller ones, --size-scale multiplies them):
       warm again through tierfs.open (direct reads), against the local plain reads
   W3  small files: create 20,000 x 64 KiB in 100 directories; read them all in random
       order with 8 reader processes, hot (page cache dropped) and warm; then (tierfs)
-      through tierfs.open, and warm through tierfs.open_many of 64 files at a time; then
-      hot again after a remount (no hot copy verified yet on the new mount)
+      through tierfs.open, and warm through tierfs.open_many of 64 files at a time (each
+      reader imports the direct path before the clock starts, as a loader's worker does
+      once for all its epochs); then hot again after a remount (no hot copy verified yet
+      on the new mount)
   W4  metadata: stat every W3 file with cold caches; `ls -lR` of the tree (cold too)
   W5  mixed: W2's sequential read concurrently with a 1 GiB checkpoint write + fsync;
       then (tierfs) both through tierfs.open

@@ -63,6 +63,12 @@ else
   echo "tierfs installed in $repo/.venv ($(.venv/bin/tierfs --version))"
 fi
 
+# Byte-code for the package: an editable install leaves it to the first import, which
+# writes none where PYTHONDONTWRITEBYTECODE is set (many images set it), and then every
+# daemon, command and loader process compiles tierfs again as it starts. Files already
+# compiled are skipped; a stale one is ignored by the interpreter.
+.venv/bin/python -m compileall -q tierfs >/dev/null
+
 # The commands on PATH for systemd units and mount(8). Only links are replaced: a real file
 # there is someone else's install, left alone.
 for cmd in tierfs mount.fuse.tierfs; do

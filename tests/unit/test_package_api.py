@@ -33,3 +33,18 @@ def test_submodules_and_star_import_work_after_import_tierfs():
               "print(hasattr(tierfs, 'no_such_name'))")
     assert out.split("\n")[:3] == ["True", "['HintingSampler', 'accelerate', 'hint', "
                                    "'open_many', 'tierfs']", "False"]
+
+
+def test_the_direct_path_loads_no_part_of_the_daemon():
+    """A data loader's worker that opens files through tierfs.open_many loads the
+    client, not the hot store, its trash and copy writers or the metadata engine."""
+    loaded = set(run("import sys, tierfs; tierfs.open_many; tierfs.open\n"
+                     "print(' '.join(sorted(sys.modules)))").split())
+    assert "tierfs.direct" in loaded
+    assert not {"tierfs.hot.store", "tierfs.hot.trash", "tierfs.hot.copy_writers",
+                "tierfs.meta", "tierfs.tier", "trio", "lmdb", "boto3"} & loaded
+
+
+def test_the_hot_store_is_there_for_the_daemon():
+    assert run("from tierfs.hot import HotStore\nprint(HotStore.__name__)").strip() == "HotStore"
+    assert run("import tierfs.hot\nprint(hasattr(tierfs.hot, 'NoSuch'))").strip() == "False"
