@@ -744,8 +744,9 @@ class CpuWatch:
     given the daemon's pid, its own and its main thread's (the trio event loop, which
     answers every FUSE and control request). Read .result after the with-block."""
 
-    def __init__(self, pid: int | None = None):
+    def __init__(self, pid: int | None = None, server_pid: int | None = None):
         self.pid = pid
+        self.server_pid = server_pid  # the S3 server's, where it runs on this machine
         self.result: dict = {}
 
     @staticmethod
@@ -765,9 +766,16 @@ class CpuWatch:
             return int(fields[11]) + int(fields[12])  # utime + stime
         return ticks(f"/proc/{self.pid}/stat"), ticks(f"/proc/{self.pid}/task/{self.pid}/stat")
 
+    def _server(self) -> int:
+        if not self.server_pid:
+            return 0
+        with open(f"/proc/{self.server_pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime + stime, all its threads
+
     def __enter__(self) -> "CpuWatch":
         self.t0 = time.monotonic()
-        self.m0, self.d0 = self._machine(), self._threads()
+        self.m0, self.d0, self.s0 = self._machine(), self._threads(), self._server()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -780,6 +788,23 @@ class CpuWatch:
         if self.pid and wall > 0:
             self.result["daemon_cores"] = (d1[0] - self.d0[0]) / hz / wall
             self.result["loop_busy_pct"] = 100 * (d1[1] - self.d0[1]) / hz / wall
+        if self.server_pid and wall > 0:
+            self.result["server_cores"] = (self._server() - self.s0) / hz / wall
+
+
+def s3_server_pid() -> int | None:
+    """The pid of the moto server this run started (it shares the machine's CPU with
+    the daemon and the loader, where a real bucket would not), found by its port."""
+    port = os.environ.get("AWS_ENDPOINT_URL", "").rsplit(":", 1)[-1]
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if any("moto" in a for a in args) and "-p" in args and port in args:
+            return int(pid)
+    return None
 
 
 def daemon_cost(t) -> tuple[float, int] | None:
@@ -887,14 +912,17 @@ def w6_training(t, cfg: Config, ctx: dict) -> dict:
                         order = list(range(len(paths)))
                         rng.shuffle(order)
                         start_cold_epoch(t, paths, order, hinted)
-                        first = CpuWatch(t.mount.pid)
-                        with CpuWatch(t.mount.pid) as cpu:
+                        server = s3_server_pid() if cfg.bucket != "file" else None
+                        first = CpuWatch(t.mount.pid, server)
+                        with CpuWatch(t.mount.pid, server) as cpu:
                             e = loader.epoch(order, ctx["compute_s"], first)
                         e["cpu"], e["cpu_first_batch"] = cpu.result, first.result
                         out[f"w6_busy_{label}{suffix}_pct"] = e["busy_pct"]
-                        for what in ("machine_busy_pct", "loop_busy_pct", "daemon_cores"):
-                            out[f"w6_{label}{suffix}_{what}"] = cpu.result[what]
-                            out[f"w6_{label}{suffix}_first_{what}"] = first.result[what]
+                        for what in ("machine_busy_pct", "loop_busy_pct", "daemon_cores",
+                                     "server_cores"):
+                            if what in cpu.result and what in first.result:
+                                out[f"w6_{label}{suffix}_{what}"] = cpu.result[what]
+                                out[f"w6_{label}{suffix}_first_{what}"] = first.result[what]
                         out[f"w6_{label}{suffix}_first_batch_s"] = e["first_batch_s"]
                         out[f"w6_{label}{suffix}_epoch"] = e
     finally:
@@ -1251,7 +1279,9 @@ def w6_cpu_specs(latency: str, suffix: str) -> list[tuple]:
             ("W6 same, first batch: machine CPU busy", "%", f"{key}_first_machine_busy_pct"),
             ("W6 same, first batch: daemon CPU", "cores", f"{key}_first_daemon_cores"),
             ("W6 same, first batch: daemon event loop busy", "%",
-             f"{key}_first_loop_busy_pct")]
+             f"{key}_first_loop_busy_pct"),
+            ("W6 same: S3 server CPU (moto)", "cores", f"{key}_server_cores"),
+            ("W6 same, first batch: S3 server CPU", "cores", f"{key}_first_server_cores")]
     return [(*row, "", ">=", 0) for row in rows]  # informational
 
 
