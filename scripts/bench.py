@@ -731,11 +731,21 @@ def drop_file_pages(path: str) -> None:
         os.close(fd)
 
 
+def stat_fields(path: str) -> list[str]:
+    """The fields of a /proc/PID[/task/TID]/stat file after the command name."""
+    with open(path) as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
+def cpu_ticks(fields: list[str]) -> int:
+    """utime + stime of stat_fields(): of every thread for a process, of one for a task."""
+    return int(fields[11]) + int(fields[12])
+
+
 def daemon_usage(t) -> tuple[float, int]:
     """(CPU seconds, minor page faults) of the mount's daemon so far."""
-    with open(f"/proc/{t.mount.pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[7])
+    fields = stat_fields(f"/proc/{t.mount.pid}/stat")
+    return cpu_ticks(fields) / os.sysconf("SC_CLK_TCK"), int(fields[7])
 
 
 class CpuWatch:
@@ -759,19 +769,11 @@ class CpuWatch:
         """(ticks of every thread of the daemon, ticks of its main thread)."""
         if not self.pid:
             return 0, 0
-
-        def ticks(path: str) -> int:
-            with open(path) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            return int(fields[11]) + int(fields[12])  # utime + stime
-        return ticks(f"/proc/{self.pid}/stat"), ticks(f"/proc/{self.pid}/task/{self.pid}/stat")
+        return (cpu_ticks(stat_fields(f"/proc/{self.pid}/stat")),
+                cpu_ticks(stat_fields(f"/proc/{self.pid}/task/{self.pid}/stat")))
 
     def _server(self) -> int:
-        if not self.server_pid:
-            return 0
-        with open(f"/proc/{self.server_pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])  # utime + stime, all its threads
+        return cpu_ticks(stat_fields(f"/proc/{self.server_pid}/stat")) if self.server_pid else 0
 
     def __enter__(self) -> "CpuWatch":
         self.t0 = time.monotonic()
@@ -790,21 +792,6 @@ class CpuWatch:
             self.result["loop_busy_pct"] = 100 * (d1[1] - self.d0[1]) / hz / wall
         if self.server_pid and wall > 0:
             self.result["server_cores"] = (self._server() - self.s0) / hz / wall
-
-
-def s3_server_pid() -> int | None:
-    """The pid of the moto server this run started (it shares the machine's CPU with
-    the daemon and the loader, where a real bucket would not), found by its port."""
-    port = os.environ.get("AWS_ENDPOINT_URL", "").rsplit(":", 1)[-1]
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                args = f.read().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if any("moto" in a for a in args) and "-p" in args and port in args:
-            return int(pid)
-    return None
 
 
 def daemon_cost(t) -> tuple[float, int] | None:
@@ -912,7 +899,9 @@ def w6_training(t, cfg: Config, ctx: dict) -> dict:
                         order = list(range(len(paths)))
                         rng.shuffle(order)
                         start_cold_epoch(t, paths, order, hinted)
-                        server = s3_server_pid() if cfg.bucket != "file" else None
+                        # The moto server shares this machine's CPU (a real bucket would not).
+                        server = moto.SERVER_PIDS.get(os.environ.get("AWS_ENDPOINT_URL", ""))
+                        server = server if cfg.bucket != "file" else None
                         first = CpuWatch(t.mount.pid, server)
                         with CpuWatch(t.mount.pid, server) as cpu:
                             e = loader.epoch(order, ctx["compute_s"], first)

@@ -40,6 +40,10 @@ def _answers(url: str) -> bool:
         return False
 
 
+# endpoint -> pid of each server running (a benchmark counts its CPU)
+SERVER_PIDS: dict[str, int] = {}
+
+
 @contextlib.contextmanager
 def moto_server(timeout_s: float = 30, ranges: bool = False) -> Iterator[str]:
     """Start moto's server on a free port; yield its endpoint URL; stop it on exit.
@@ -64,8 +68,10 @@ def moto_server(timeout_s: float = 30, ranges: bool = False) -> Iterator[str]:
                     tail = log.read()[-2000:].decode(errors="replace")
                     raise RuntimeError(f"moto server did not start at {endpoint}:\n{tail}")
                 time.sleep(0.1)
+            SERVER_PIDS[endpoint] = proc.pid
             yield endpoint
         finally:
+            SERVER_PIDS.pop(endpoint, None)
             proc.terminate()
             try:
                 proc.wait(5)
