@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import trio
+
 from tierfs.tier.uploader import SINGLES_AHEAD
 
 from .harness import run, settle, until
@@ -101,3 +103,67 @@ def test_extents_rewritten_during_their_upload_are_queued_again(tmp_path):
             assert bytes(await s.engine.read(ino, 0, E)) == B
 
     run(scenario)
+
+
+SMALL = 4 * 1024  # a small file's bytes; packed below E
+
+
+def _pack_sizes(s) -> list[int]:
+    """Files per pack in the bucket's metadata."""
+    return sorted(len(s.meta.pack_refs(obj_id))
+                  for obj_id in {s.record(ino, 0).obj_id for ino in s.small_files})
+
+
+async def _write_small_files(s, count: int, every: float) -> None:
+    s.small_files = getattr(s, "small_files", [])
+    for _ in range(count):
+        ino = s.create()
+        await s.engine.write(ino, 0, b"s" * SMALL)
+        s.small_files.append(ino)
+        await trio.sleep(every)
+
+
+def test_small_files_written_one_after_another_go_up_in_full_packs(tmp_path):
+    """A data set copied in file by file: each round of the uploader finds only the
+    files that came due since the last one (a tenth of a second's writes here), but
+    a pack waits for more while the writer goes on, so the packs hold at least half
+    of --pack-size each, not a round's worth (one GET each for a cold read)."""
+    per_pack = 64
+
+    async def scenario():
+        async with _stack(tmp_path, cache_size=64 * E, upload_delay=0.2, pack_below=E,
+                          pack_size=per_pack * SMALL) as s:
+            await _write_small_files(s, 4 * per_pack, every=0.01)
+            await settle(s, timeout=20)
+            sizes = _pack_sizes(s)
+            assert sum(sizes) == 4 * per_pack
+            assert all(n >= per_pack // 2 for n in sizes[1:]), sizes  # the last may be short
+            assert len(sizes) <= 8, sizes
+
+    run(scenario, timeout=60)
+
+
+def test_a_pack_that_does_not_fill_still_goes_up_while_the_writer_writes_on(tmp_path):
+    """A slow writer never fills half a pack: its files wait one upload delay more than
+    their due time at most, and go up while it is still writing; `sync` of a file
+    uploads it at once."""
+    delay = 0.1
+
+    async def scenario():
+        async with _stack(tmp_path, cache_size=256 * E, upload_delay=delay, pack_below=E,
+                          pack_size=10_000 * SMALL) as s:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_write_small_files, s, 100, 0.03)
+                await until(lambda: getattr(s, "small_files", None), what="a first file")
+                first = s.small_files[0]
+                await until(lambda: s.record(first, 0).obj_id, timeout=10,
+                            what="the first file in the bucket")
+                written = len(s.small_files)
+                assert written < 100, "uploaded only once the writer stopped"
+                latest = s.small_files[-1]
+                await s.uploader.flush({latest})
+                assert s.record(latest, 0).obj_id
+            await settle(s, timeout=20)
+            assert all(s.record(ino, 0).obj_id for ino in s.small_files)
+
+    run(scenario, timeout=60)

@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import resource
+import time
 
 import pytest
 
@@ -92,6 +93,25 @@ def test_small_files_are_packed_and_read_back_cold(mount_factory):
     around = after.get("read_around_extents", 0) - before.get("read_around_extents", 0)
     assert gets + around == 60 and gets <= 6, (gets, around)
     assert after.get("checksum_errors", 0) == 0
+
+
+def test_files_copied_in_one_by_one_go_up_in_full_packs(mount_factory):
+    """One writer copies 240 files of 16 KiB in over about three seconds: each round
+    of the uploader finds only the files that came due since the last one (a quarter
+    of a second's writes, 12 or more objects before), but a pack waits for more while
+    the writer goes on, so they go up in packs of at least half of --pack-size."""
+    m = mount_factory(args=(*ARGS, "--upload-delay", "0.5"))
+    os.makedirs(m.path("copy"))
+    files = {m.path("copy", f"f{i:03d}"): pattern(16 * KiB, 500 + i) for i in range(240)}
+    for path, data in files.items():
+        write_file(path, data)
+        time.sleep(0.01)
+    m.cli("sync", m.mountpoint, "--wait", check=True)
+    assert counters(m)["packed_extents"] == 240
+    assert len(data_objects(m)) <= 7, data_objects(m)
+    make_cold(m, "copy")
+    for path, data in files.items():
+        assert read_file(path) == data
 
 
 def test_reading_around_a_miss_never_evicts(mount_factory):

@@ -35,14 +35,14 @@ log = logging.getLogger(__name__)
 INLINE_VERIFY_MAX = 1 << 20
 
 
-# A miss of a packed extent also fetches the cold neighbours packed within this many
-# bytes of it (half before, half after) in the same GET, while the hot tier has room.
+# A miss of a packed extent also fetches the cold neighbours packed in the same window of
+# this many bytes (aligned to it, aligned_window) in the same GET, while the hot tier has room.
 READ_AROUND = 4 << 20
 READ_AROUND_EXTENTS = 256  # and at most this many: each costs a record read on this thread
 
 # A fetch for hints (or a prefetch of many files) also fetches the wanted extents packed
-# next to it without a gap, in one GET of up to WANTED_SPAN bytes: a random epoch order
-# then costs a few GETs per pack, not one per file.
+# next to it without a gap within its aligned window of WANTED_SPAN bytes, in one GET: a
+# random epoch order then costs about one GET per window of a pack, not one per file.
 WANTED_SPAN = 8 << 20
 WANTED_SPAN_EXTENTS = 1024
 WANTED_GAP = 256 << 10  # dead bytes between two wanted pieces read along, at most
@@ -60,6 +60,15 @@ AROUND_INSTALL_THREADS = 2
 # store's purge_batch): each hot copy dropped costs a rename on this thread (20-45 us
 # on a test VM's ext4), so parts of 4,096 held the mount for 170-230 ms, of 512 ~20 ms.
 SHRINK_BATCH = 512
+
+
+def aligned_window(offset: int, size: int) -> tuple[int, int]:
+    """The `size` bytes of a pack, aligned to `size`, that hold `offset`. A fetch reads
+    along only the pieces that start in its own extent's window: windows around files
+    of a random order then never overlap, nor leave slivers between them that would
+    each cost a GET of their own."""
+    lo = offset - offset % size
+    return lo, lo + size
 
 
 class _Moved(Exception):
@@ -571,8 +580,8 @@ class Engine:
         self._install(ino, idx, ext, tmp, len(data))
 
     def _neighbours(self, key: Key, ext: Extent) -> list:
-        """Cold extents of other files packed next to `ext` (within READ_AROUND bytes)
-        to fetch with it in the same ranged GET, while the hot tier has room for them
+        """Cold extents of other files packed next to `ext` (in its aligned window of
+        READ_AROUND bytes, the nearest READ_AROUND_EXTENTS) to fetch with it in the same ranged GET, while the hot tier has room for them
         without evicting anything: files written together are mostly read together,
         and one GET then serves many. Each is registered as being fetched (readers of
         it wait for this GET) and its room reserved."""
@@ -580,8 +589,8 @@ class Engine:
                 or self._neighbour_bytes + self.read_around > NEIGHBOURS_IN_MEMORY
                 or self.meta.pack(ext.obj_id) is None):
             return []
-        lo = max(0, ext.obj_off - self.read_around // 2)
-        refs = self.meta.pack_refs(ext.obj_id, lo, ext.obj_off + ext.obj_len + self.read_around // 2)
+        lo, hi = aligned_window(ext.obj_off, self.read_around)
+        refs = self.meta.pack_refs(ext.obj_id, lo, hi)
         refs.sort(key=lambda r: abs(r.offset - ext.obj_off))  # the nearest ones
         picked = []
         for ref in refs[:READ_AROUND_EXTENTS]:
@@ -621,15 +630,18 @@ class Engine:
     def _wanted_neighbours(self, key: Key, ext: Extent, wanted) -> list:
         """The run of cold extents of wanted files packed right after and before `ext`
         (up to WANTED_GAP bytes between two of them read along: dead, unwanted, hot or
-        already on their way), up to WANTED_SPAN bytes
-        and what is left of NEIGHBOURS_IN_MEMORY, while the hot tier has room for them
+        already on their way), those starting in ext's aligned window of WANTED_SPAN
+        bytes, up to what is left of NEIGHBOURS_IN_MEMORY, while the hot tier has room for them
         without evicting. The pack's references are read outwards a little at a time:
         a run usually ends long before WANTED_SPAN."""
-        budget = min(WANTED_SPAN, NEIGHBOURS_IN_MEMORY - self._neighbour_bytes) - ext.obj_len
+        # The window's last piece may end past it (by an extent at most).
+        budget = min(WANTED_SPAN + self.E, NEIGHBOURS_IN_MEMORY - self._neighbour_bytes) \
+            - ext.obj_len
         if (self.space is None or budget <= 0 or ext.dirty
                 or self.meta.pack(ext.obj_id) is None):
             return []
         limit = budget + ext.obj_len  # of the whole span, from its first byte to its last
+        window_lo, window_hi = aligned_window(ext.obj_off, WANTED_SPAN)
         picked, lo, hi = [], ext.obj_off, ext.obj_off + ext.obj_len
 
         def take(ref) -> bool:
@@ -640,14 +652,14 @@ class Engine:
 
         # Forward first (packs hold files in creation order), then backward. A piece not
         # wanted, or hot or on its way already, is read over if it is short.
-        for ref in self._refs_after(ext.obj_id, hi, ext.obj_off + limit):
+        for ref in self._refs_after(ext.obj_id, hi, window_hi):
             if ref.offset + ref.length - lo > limit or len(picked) >= WANTED_SPAN_EXTENTS:
                 break
             if ref.offset - hi <= WANTED_GAP and take(ref):
                 hi = ref.offset + ref.length
             elif ref.offset + ref.length - hi > WANTED_GAP:
                 break
-        for ref in self._refs_before(ext.obj_id, hi - limit, lo):
+        for ref in self._refs_before(ext.obj_id, max(window_lo, hi - limit), lo):
             if hi - ref.offset > limit or len(picked) >= WANTED_SPAN_EXTENTS:
                 break
             if lo - (ref.offset + ref.length) <= WANTED_GAP and take(ref):

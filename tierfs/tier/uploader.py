@@ -41,6 +41,8 @@ PACKS_IN_FLIGHT = 2
 # extents, in all for packs. The rest of a backlog waits in the index's queue.
 SINGLES_AHEAD = 4
 PACKS_AHEAD = PACKS_IN_FLIGHT + 1
+# While a pack fills, extents quiet for one delay (not yet due) read past at most per round.
+FILL_SCAN = 4096
 
 
 async def _nothing() -> None:
@@ -85,10 +87,18 @@ class Uploader:
         self.engine.index.rush_inode(ino)
         self.kick()
 
+    def _filling(self, now: float) -> bool:
+        """Whether packs wait to be filled: the mount is being written (a data set
+        copied in file by file), and nothing asks for everything to go at once."""
+        return (bool(self.pack_below) and now - self.engine.index.last_write < self.delay
+                and not self.space.need_upload.is_set())
+
     def _due(self, now: float):
-        """Due extents no upload has taken, in queue order: least recently written
-        first, those to go at once before them. Reads the queue only up to the first
-        extent not due yet, so a round costs what it hands out, not the backlog."""
+        """(key, due) of the extents no upload has taken, in queue order: least recently
+        written first, those to go at once before them. Reads the queue only up to the
+        first extent not due yet, so a round costs what it hands out, not the backlog.
+        While packs are filling, extents quiet for one delay follow, not due (up to
+        FILL_SCAN of them): the small ones among them may fill a pack."""
         index = self.engine.index
         urgent_all = self.space.need_upload.is_set()
         # While the mount is being written, uploads wait (they would take CPU and disk
@@ -96,6 +106,8 @@ class Uploader:
         # dirty at mount do not wait at all: whoever wrote them is gone.
         writing = now - index.last_write < self.delay
         quiet_for = self.delay * (MAX_WAIT_FACTOR if writing else 1)
+        filling = self._filling(now)
+        fillers = 0
         held, rush = index.held, index.rush  # held: a direct writer is writing them
         for key in index.queued:
             if key in self.in_flight or key in held:
@@ -103,10 +115,14 @@ class Uploader:
             info = index.dirty[key]
             if self.lost.get(key) == info.gen:
                 continue  # nothing to upload it from, until it is written or removed
-            if not (urgent_all or info.found or key[0] in rush
+            if (urgent_all or info.found or key[0] in rush
                     or now - info.last_write >= quiet_for):
+                yield key, True
+            elif filling and now - info.last_write >= self.delay and fillers < FILL_SCAN:
+                fillers += 1
+                yield key, False
+            else:
                 return  # the rest were written later still
-            yield key
 
     def _select(self, now: float) -> tuple[list[Key], list[list[Key]], bool]:
         """Hand out due extents, as many as the uploads under way leave room for:
@@ -125,13 +141,15 @@ class Uploader:
         def length(key: Key) -> int:  # of an extent of a small file
             return max(0, min(E, sizes[key[0]] - key[1] * E))
 
-        for key in self._due(now):
+        for key, due in self._due(now):
             ino = key[0]
             is_small = False
             if self.pack_below:
                 if ino not in sizes:
                     sizes[ino] = self._size(ino)
                 is_small = 0 < sizes[ino] <= self.pack_below
+            if not (due or is_small):
+                continue  # quiet, but it is no filler of a pack
             if is_small:
                 if small_bytes >= pack_room:
                     left = True
@@ -153,8 +171,25 @@ class Uploader:
             nbytes += length(key)
         if batch:
             batches.append(batch)
+        if self._filling(now):
+            batches = [b for b in batches if self._pack_ready(b, length, now)]
         single += [b[0] for b in batches if len(b) == 1]
         return single, [b for b in batches if len(b) > 1], left
+
+    def _pack_ready(self, batch: list[Key], length, now: float) -> bool:
+        """While packs are filling, whether one goes now: once it holds half of
+        --pack-size, or once its oldest file has waited one delay longer than a due
+        one (each round alone would find only the files that came due since the last,
+        packs of a fraction of a second's writes, and a cold read one GET per pack),
+        or when a file of it is to go at once (sync)."""
+        index = self.engine.index
+        if sum(length(key) for key in batch) >= self.pack_size // 2:
+            return True
+        infos = [index.dirty[key] for key in batch]
+        if any(info.found or key[0] in index.rush for key, info in zip(batch, infos)):
+            return True
+        oldest = min(info.last_write for info in infos)
+        return now - oldest >= self.delay * (MAX_WAIT_FACTOR + 1)
 
     def _size(self, ino: int) -> int:
         try:
