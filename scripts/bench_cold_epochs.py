@@ -7,7 +7,9 @@
 The first run creates the data set (20,000 files of 64 KiB, as W6 at full size) in a
 tierfs filesystem whose bucket is a file:// directory in the work dir, and keeps it
 there, so that runs of different code (its checkout first on PYTHONPATH) or settings
-compare on the same files. Each epoch releases the files' hot copies, waits until the
+compare on the same files. `--bucket moto-ranges` (or `moto`) puts the bucket in a moto
+S3 server started for the run instead, as `scripts/bench.py --bucket` does; the server
+keeps its objects in memory, so each run creates the data set again. Each epoch releases the files' hot copies, waits until the
 daemon has emptied them, drops the page cache, hints the epoch's order (unless
 --no-hint) and runs scripts/bench.py's loader (8 processes, batches of 32, 35 ms of
 compute per batch) with `latency` seconds added to every GET. It prints the busy %,
@@ -20,6 +22,8 @@ the run's hot copies; a run's files hold their memory until it is installed).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import random
 import re
@@ -43,12 +47,16 @@ def free_port() -> int:
 
 
 def install_times(port: int) -> dict[str, float]:
-    """Count and sum of tierfs_fetched_install_seconds, per phase, from the daemon."""
+    """Count and sum of tierfs_fetched_install_seconds, per phase, and the count of
+    GETs of extents (tierfs_cold_fetches), from the daemon."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     text = opener.open(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     found = re.findall(r'^tierfs_fetched_install_seconds_(count|sum)\{phase="(\w+)"\} (\S+)$',
                        text, re.M)
-    return {f"{phase}_{what}": float(value) for what, phase, value in found}
+    out = {f"{phase}_{what}": float(value) for what, phase, value in found}
+    gets = re.search(r"^tierfs_cold_fetches_total (\S+)$", text, re.M)
+    out["gets_count"] = float(gets.group(1)) if gets else 0.0
+    return out
 
 
 def install_line(before: dict, after: dict) -> str:
@@ -56,8 +64,8 @@ def install_line(before: dict, after: dict) -> str:
         return after.get(key, 0.0) - before.get(key, 0.0)
     runs = delta("write_count")
     if not runs:
-        return "installs of fetched runs: none"
-    return (f"installs of fetched runs: {runs:.0f}, each waited {1000 * delta('wait_sum') / runs:.0f} "
+        return f"GETs {delta('gets_count'):.0f}; installs of fetched runs: none"
+    return (f"GETs {delta('gets_count'):.0f}; installs of fetched runs: {runs:.0f}, each waited {1000 * delta('wait_sum') / runs:.0f} "
             f"ms for an install thread and wrote for {1000 * delta('write_sum') / runs:.0f} ms "
             f"(means)")
 
@@ -71,13 +79,30 @@ def main() -> int:
     ap.add_argument("--compute-ms", type=float, default=35.0)
     ap.add_argument("--seed", type=int, default=1000, help="epoch k's order: seed + k")
     ap.add_argument("--no-hint", action="store_true")
+    ap.add_argument("--bucket", choices=("file", "moto-ranges", "moto"), default="file")
     ap.add_argument("--remove", action="store_true")
     args = ap.parse_args()
     base = os.path.abspath(args.workdir)
+    with contextlib.ExitStack() as stack:
+        url = f"file://{base}/bucket"
+        if args.bucket != "file":
+            if args.remove:
+                return 0
+            endpoint = stack.enter_context(B.moto.moto_server(ranges=args.bucket == "moto-ranges"))
+            os.environ.update(B.s3_env(endpoint))
+            os.environ["NO_PROXY"] = os.environ["no_proxy"] = "127.0.0.1,localhost"
+            B.make_bucket(endpoint, B.BUCKET)
+            url = f"s3://{B.BUCKET}/epochs"
+            base = os.path.join(base, "s3")  # the file bucket's data set stays apart
+            shutil.rmtree(base, ignore_errors=True)
+        return run(args, base, url)
+
+
+def run(args, base: str, url: str) -> int:
     cfg = B.Config(quick=False, reps=1, ckpt_bytes=0, mixed_write_bytes=0,
                    small_files=args.files)
     port = free_port()
-    mount = B.TierfsMount(f"file://{base}/bucket", base,
+    mount = B.TierfsMount(url, base,
                           extra_args=("--fault-file", f"{base}/bucket-latency.json",
                                       "--metrics-port", str(port)))
     target = B.TierfsTarget(mount)
@@ -93,6 +118,9 @@ def main() -> int:
             B.log(f"creating {args.files:,} files of 64 KiB in {mount.mountpoint}")
             B.ensure_small_files(target, cfg)
             target.settle()
+        status = B.tierfs_cli("status", mount.mountpoint, "--json", timeout=120)
+        packs = json.loads(status.stdout).get("packs", "?")
+        print(f"data set: {args.files:,} files in {packs} packs", flush=True)
         loader = B.Loader(paths, cfg)
         busy = []
         try:
@@ -112,9 +140,12 @@ def main() -> int:
         finally:
             loader.close()
         print(f"median busy {statistics.median(busy):.1f}% "
-              f"({'no hints' if args.no_hint else 'hinted'}, {args.latency * 1000:.0f} ms GETs)")
+              f"({'no hints' if args.no_hint else 'hinted'}, {args.latency * 1000:.0f} ms GETs, "
+              f"{args.bucket} bucket)")
     finally:
         mount.umount()
+        if args.bucket != "file":
+            shutil.rmtree(base, ignore_errors=True)
     return 0
 
 
