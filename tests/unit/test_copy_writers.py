@@ -150,6 +150,9 @@ def test_helpers_hold_nothing_of_the_daemon_and_stop_on_close(tmp_path):
     s.copy_writers.start()
     try:
         (helper,) = helpers(s)
+        # A run written proves the helper has started: while it still loads its
+        # modules, it holds the shared libraries it opens for a moment.
+        assert written_by_helper(s, [(1, 0, b"ready")])
         fds = {int(fd): os.readlink(f"/proc/{helper.proc.pid}/fd/{fd}")
                for fd in os.listdir(f"/proc/{helper.proc.pid}/fd")}
         assert keep not in fds
