@@ -313,9 +313,9 @@ def test_a_mount_refused_after_recovering_does_not_pose_as_the_last_writer(mount
 
 def test_a_sync_wait_on_a_mount_taken_over_meanwhile_says_so(s3m, tmp_path):
     """`sync --wait` waits for uploads that hang; another node takes the filesystem
-    over. Once the old mount notices (its next lease renewal), nothing more uploads
-    from it: the sync fails at once naming the takeover, instead of waiting out its
-    --timeout and calling it a timeout."""
+    over. Once the old mount notices (its next lease renewal, which goes on while the
+    data PUTs hang), nothing more uploads from it: the sync fails at once naming the
+    takeover, instead of waiting out its --timeout and calling it a timeout."""
     import subprocess
     import sys
     from tests.fuse.test_outage import set_faults
@@ -329,6 +329,8 @@ def test_a_sync_wait_on_a_mount_taken_over_meanwhile_says_so(s3m, tmp_path):
     a.cli("sync", a.mountpoint, "--wait", check=True)
     set_faults(faults, {"hang": True, "hang_ops": ["put"]})
     write_file(a.path("f"), pattern(MiB, 4))
+    renewed = lease(a)["renewed"]
+    wait_until(lambda: lease(a)["renewed"] > renewed, 15, "a renewal while the PUTs hang")
     sync = subprocess.Popen([sys.executable, "-m", "tierfs", "sync", a.mountpoint, "--wait",
                              "--timeout", "600"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)

@@ -18,7 +18,10 @@ class FaultyStore:
         self.denied = False  # every call fails, never retried (credentials expired)
         self.hang = False  # every call blocks while True (accepts, never answers), at most
         self.hang_limit_s = 600.0  # this long: a thread must end some day
-        self.hang_ops: set[str] = set()  # hang only these calls ("put", ...); empty: all
+        # Hang only these calls ("put", "get", "put_if": the writer lease's conditional
+        # write, apart from "put" so that data uploads can hang while the lease is
+        # renewed, as on a bucket whose large PUTs stall); empty: all.
+        self.hang_ops: set[str] = set()
         self.latency_s = 0.0  # sleep before each call
         self.corrupt_keys: set[str] = set()  # get() on these flips one byte
         self.refuse_deletes: tuple[str, ...] = ()  # delete() of keys with these prefixes fails
@@ -100,7 +103,7 @@ class FaultyStore:
         return self.inner.get_versioned(key)
 
     def put_if(self, key: str, data: bytes, version: str | None) -> None:
-        self._enter("put")
+        self._enter("put_if")
         self.inner.put_if(key, data, version)
 
     def delete(self, key: str) -> None:
