@@ -24,8 +24,10 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench import cpu_ticks, stat_fields  # noqa: E402
 from tests.moto_server import SERVER_PIDS, make_bucket, moto_server, s3_env  # noqa: E402
 
 KiB, MiB = 1024, 1024 * 1024
@@ -43,9 +45,7 @@ def median_ms(client, key: str, byte_range: str, gets: int) -> float:
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return cpu_ticks(stat_fields(f"/proc/{pid}/stat")) / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_per_get(gets: int) -> None:
