@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
 """What the S3 store's GET costs the daemon's process: CPU (and the part of it in the
 kernel) and page faults per GET of 64 KiB, 1 MiB and 4 MiB objects from a moto server,
-with the daemon's allocator settings (tierfs/malloc.py).
+then per ranged GET of 64 KiB, 1 MiB and 8 MiB of a 64 MiB pack from a moto server
+that reads only the range (tests/moto_ranges.py), with the daemon's allocator settings
+(tierfs/malloc.py).
 
-    python scripts/bench_s3_get.py [--gets 100] [--reps 3]
+    python scripts/bench_s3_get.py [--gets 100] [--reps 3] [--boto3]
 
-Run it with two versions first on PYTHONPATH, one after the other, to compare how
-they read a GET's body (S3Store._read_body). Medians over --reps.
+--boto3: every GET through boto3's get_object (as before presigned GETs). Run it with
+two versions first on PYTHONPATH, one after the other, to compare how they read a
+GET's body (S3Store._read_body). Medians over --reps. moto's server closes each
+connection after its answer, so every GET here also opens one.
 """
 from __future__ import annotations
 
@@ -17,7 +21,12 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# This checkout's tierfs, but for one put first on PYTHONPATH to compare versions.
+if os.environ.get("PYTHONPATH"):
+    sys.path.append(ROOT)
+else:
+    sys.path.insert(0, ROOT)
 
 from tests.moto_server import make_bucket, moto_server, s3_env  # noqa: E402
 from tierfs.cold import open_store  # noqa: E402
@@ -25,13 +34,18 @@ from tierfs.malloc import return_large_blocks  # noqa: E402
 
 KiB, MiB = 1024, 1024 * 1024
 BUCKET = "bench-s3-get"
+PACK = 64 * MiB
 
 
-def measure(store, key: str, size: int, gets: int) -> tuple[float, float, float, float]:
-    """(CPU µs, of it kernel µs, page faults, wall ms) per GET."""
+def measure(store, key: str, size: int, gets: int, ranged: bool = False
+            ) -> tuple[float, float, float, float]:
+    """(CPU µs, of it kernel µs, page faults, wall ms) per GET (`ranged`: of `size`
+    bytes of a PACK-byte object, each at another offset)."""
     r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-    for _ in range(gets):
-        if len(store.get(key)) != size:
+    for i in range(gets):
+        offset = (i * 7919 * 64 * KiB) % (PACK - size) if ranged else 0
+        got = store.get(key, offset, size) if ranged else store.get(key)
+        if len(got) != size:
             raise SystemExit(f"GET of {key} returned the wrong size")
     r1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     user, kernel = r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime
@@ -39,26 +53,48 @@ def measure(store, key: str, size: int, gets: int) -> tuple[float, float, float,
             (r1.ru_minflt - r0.ru_minflt) / gets, (t1 - t0) / gets * 1e3)
 
 
+def table(store, rows: list[tuple[str, str, int, bool]], gets: int, reps: int) -> None:
+    print(f"{'GET of':>20}  {'CPU us':>8}  {'kernel us':>9}  {'faults':>6}  {'wall ms':>7}")
+    for label, key, size, ranged in rows:
+        runs = [measure(store, key, size, gets, ranged) for _ in range(reps)]
+        cpu, kernel, faults, wall = (statistics.median(col) for col in zip(*runs))
+        print(f"{label:>20}  {cpu:>8.0f}  {kernel:>9.0f}  {faults:>6.0f}  {wall:>7.2f}")
+
+
+def open_bench_store(endpoint: str, boto3_only: bool):
+    store = open_store(f"s3://{BUCKET}/bench", s3_endpoint=endpoint, s3_path_style=True)
+    if boto3_only:
+        store.presigned_gets = False
+    return store
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--gets", type=int, default=100, help="GETs per size and rep (default 100)")
     p.add_argument("--reps", type=int, default=3, help="repetitions (default 3)")
+    p.add_argument("--boto3", action="store_true", help="every GET through boto3's get_object")
     args = p.parse_args()
     return_large_blocks()
     sizes = (64 * KiB, MiB, 4 * MiB)
     with moto_server() as endpoint:
         os.environ.update(s3_env(endpoint))
         make_bucket(endpoint, BUCKET)
-        store = open_store(f"s3://{BUCKET}/bench", s3_endpoint=endpoint, s3_path_style=True)
+        store = open_bench_store(endpoint, args.boto3)
         for size in sizes:
             store.put(f"o{size}", os.urandom(size))
             for _ in range(5):
                 store.get(f"o{size}")  # connections and allocator warm
-        print(f"{'GET of':>8}  {'CPU us':>8}  {'kernel us':>9}  {'faults':>6}  {'wall ms':>7}")
-        for size in sizes:
-            runs = [measure(store, f"o{size}", size, args.gets) for _ in range(args.reps)]
-            cpu, kernel, faults, wall = (statistics.median(col) for col in zip(*runs))
-            print(f"{size // KiB:>5} KiB  {cpu:>8.0f}  {kernel:>9.0f}  {faults:>6.0f}  {wall:>7.2f}")
+        table(store, [(f"{size // KiB} KiB", f"o{size}", size, False) for size in sizes],
+              args.gets, args.reps)
+    with moto_server(ranges=True) as endpoint:
+        os.environ.update(s3_env(endpoint))
+        make_bucket(endpoint, BUCKET)
+        store = open_bench_store(endpoint, args.boto3)
+        store.put("pack", os.urandom(PACK))
+        for _ in range(5):
+            store.get("pack", 0, MiB)
+        table(store, [(f"{size // KiB} KiB of a pack", "pack", size, True)
+                      for size in (64 * KiB, MiB, 8 * MiB)], args.gets, args.reps)
     return 0
 
 

@@ -663,7 +663,8 @@ def cutting_proxy(upstream: str, cut: str | None, strip: bytes | None = None):
 
 @pytest.mark.parametrize("cut, op", [("status", "size"), ("status", "get"),
                                      ("status", "get_versioned"), ("status", "list"),
-                                     ("body", "list")])
+                                     ("body", "list"), ("body", "get"),
+                                     ("status", "get_range"), ("body", "get_range")])
 def test_s3_answer_cut_short_is_a_transient_error(moto_endpoint, bucket, cut, op):
     """The connection drops partway through an answer. http.client takes headers that
     end with the connection for whole ones, and botocore a body shorter than its
@@ -677,11 +678,157 @@ def test_s3_answer_cut_short_is_a_transient_error(moto_endpoint, bucket, cut, op
     with cutting_proxy(moto_endpoint, cut) as endpoint:
         s3 = S3Store(bucket, endpoint=endpoint, read_timeout=5)
         calls = {"size": lambda: s3.size(KEY), "get": lambda: s3.get(KEY),
+                 "get_range": lambda: s3.get(KEY, 1, 5),
                  "get_versioned": lambda: s3.get_versioned(KEY), "list": s3.list}
         with pytest.raises(ColdStoreError) as e:
             calls[op]()
     assert e.value.transient, e.value
     assert "\n" not in str(e.value)
+
+
+@contextlib.contextmanager
+def keepalive_proxy(upstream: str, refuse_presigned: bool = False, slow_down: int = 0):
+    """An HTTP/1.1 proxy for GETs that keeps each client's connection open between
+    requests, as S3 does (moto's server closes its own after every answer). Yields
+    its endpoint URL and a Counter of the connections clients opened ("connections"),
+    the GETs ("gets") and those sent as presigned URLs ("presigned"). With
+    `refuse_presigned`, those are answered 403, as under a bucket policy that allows
+    only requests signed in their headers; the first `slow_down` GETs are answered
+    503 SlowDown, as by a bucket under load."""
+    import collections
+    import http.client
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen = collections.Counter()
+    host, port = upstream.rsplit("//", 1)[1].split(":")
+
+    class Forward(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def setup(self):
+            super().setup()
+            seen["connections"] += 1
+
+        def log_message(self, *args):
+            pass
+
+        def refuse(self, status: int, code: str):
+            body = f"<Error><Code>{code}</Code></Error>".encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            seen["gets"] += 1
+            presigned = "X-Amz-Signature=" in self.path
+            seen["presigned"] += presigned
+            if presigned and refuse_presigned:
+                return self.refuse(403, "AccessDenied")
+            if seen["gets"] <= slow_down:
+                return self.refuse(503, "SlowDown")
+            conn = http.client.HTTPConnection(host, int(port), timeout=30)
+            try:
+                conn.request("GET", self.path, headers=dict(self.headers))
+                answer = conn.getresponse()
+                body = answer.read()
+            finally:
+                conn.close()
+            self.send_response(answer.status)
+            for name, value in answer.getheaders():
+                if name.lower() not in ("connection", "content-length", "transfer-encoding"):
+                    self.send_header(name, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Forward)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_s3_gets_are_presigned_and_reuse_their_connection(moto_endpoint, bucket):
+    """A GET is one presigned request, sent without botocore's request and answer
+    machinery (most of a GET's CPU in the daemon). Against a server that keeps
+    connections open (S3 does), GETs one after another run on one connection: each
+    body is read to its end and its connection goes back to the pool (a body left
+    unfinished would cost a connection, over TLS a handshake, per GET)."""
+    from tierfs.cold.s3 import S3Store
+
+    data = payload(3 << 20)
+    S3Store(bucket, endpoint=moto_endpoint).put(KEY, data)
+    with keepalive_proxy(moto_endpoint) as (endpoint, seen):
+        s3 = S3Store(bucket, endpoint=endpoint)
+        for i in range(6):
+            off = i * 100_003
+            assert s3.get(KEY, off, 2 << 20) == data[off:off + (2 << 20)]
+        assert s3.get(KEY, 100, 10) == data[100:110]
+        assert s3.get(KEY) == data
+        assert s3.get(KEY, len(data) - 5) == data[-5:]
+        assert (seen["gets"], seen["presigned"]) == (9, 9)
+        with tempfile.TemporaryFile() as f:  # into a file, its first bytes skipped
+            assert s3.get_file(KEY, f, 1000) == len(data) - 1000
+            f.seek(0)
+            assert f.read() == data[1000:]
+        assert s3.get(KEY, 5, 7) == data[5:12]
+        assert seen["connections"] == 1
+
+
+def test_s3_get_errors_are_named_by_boto3(moto_endpoint, bucket):
+    """A presigned GET answered with an error is asked again through boto3, which
+    names it: a missing object is ObjectNotFound, a range past the end is empty.
+    Presigned GETs go on after such errors."""
+    from tierfs.cold.s3 import S3Store
+
+    S3Store(bucket, endpoint=moto_endpoint).put(KEY, b"0123456789")
+    with keepalive_proxy(moto_endpoint) as (endpoint, seen):
+        s3 = S3Store(bucket, endpoint=endpoint)
+        with pytest.raises(ObjectNotFound):
+            s3.get("data/missing", 0, 4)
+        assert s3.get(KEY, 20, 4) == b""
+        assert (seen["gets"], seen["presigned"]) == (4, 2)
+        assert s3.get(KEY, 2, 3) == b"234"
+        assert (seen["gets"], seen["presigned"]) == (5, 3)
+
+
+def test_s3_presigned_gets_refused_turn_them_off(moto_endpoint, bucket):
+    """Where presigned URLs are refused (403: a bucket policy that allows only
+    requests signed in their headers), the GET goes through boto3 and so do later
+    ones: one request each, not two."""
+    from tierfs.cold.s3 import S3Store
+
+    S3Store(bucket, endpoint=moto_endpoint).put(KEY, b"0123456789")
+    with keepalive_proxy(moto_endpoint, refuse_presigned=True) as (endpoint, seen):
+        s3 = S3Store(bucket, endpoint=endpoint)
+        assert s3.get(KEY, 1, 3) == b"123"
+        assert (seen["gets"], seen["presigned"]) == (2, 1)
+        assert s3.get(KEY, 4, 2) == b"45"
+        assert s3.get(KEY) == b"0123456789"
+        assert (seen["gets"], seen["presigned"]) == (4, 1)
+
+
+def test_s3_get_of_a_throttling_bucket_is_retried(moto_endpoint, bucket):
+    """A presigned GET answered 503 SlowDown is asked again through boto3; answered
+    so again, the error is transient and named, and the retry gets the data."""
+    from tierfs.cold.retry import RetryingStore
+    from tierfs.cold.s3 import S3Store
+
+    S3Store(bucket, endpoint=moto_endpoint).put(KEY, b"0123456789")
+    with keepalive_proxy(moto_endpoint, slow_down=2) as (endpoint, seen):
+        s3 = S3Store(bucket, endpoint=endpoint)
+        with pytest.raises(ColdStoreError) as e:
+            s3.get(KEY, 1, 3)
+        assert e.value.transient and "SlowDown" in str(e.value)
+        assert (seen["gets"], seen["presigned"]) == (2, 1)
+        assert RetryingStore(s3, timeout=10, base=0.01, cap=0.05).get(KEY, 1, 3) == b"123"
+        assert (seen["gets"], seen["presigned"]) == (3, 2)
 
 
 def test_s3_ranged_get_through_a_middlebox_that_drops_the_range(moto_endpoint, bucket):
@@ -850,6 +997,7 @@ def test_s3_error_mapping(aws_env, code, status, expected, transient):
     from tierfs.cold.s3 import S3Store
 
     s = S3Store("b-test", "p", endpoint="http://127.0.0.1:9")
+    s.presigned_gets = False  # presigned GETs do not go through the stubbed call
     with Stubber(s._client) as stub:
         stub.add_client_error("get_object", service_error_code=code, http_status_code=status)
         with pytest.raises(ColdStoreError) as e:
@@ -1192,6 +1340,7 @@ def test_s3_check_of_a_throttling_bucket_is_retried(moto_endpoint, bucket, opera
     from tierfs.cold.s3 import S3Store
 
     s3 = S3Store(bucket, "p", endpoint=moto_endpoint)
+    s3.presigned_gets = False  # the throttle is a botocore hook: presigned GETs pass it by
     left = throttle(s3, operation, 2)
     RetryingStore(s3, timeout=10, base=0.01, cap=0.05).check()
     assert left["n"] == 0  # it was throttled, and got through

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import email.utils
+import http.client
 import logging
 import os
 import socket
@@ -16,9 +17,8 @@ import time
 import boto3
 import botocore
 import botocore.exceptions as bce
-import urllib3.exceptions
 from botocore.awsrequest import (AWSHTTPConnection, AWSHTTPConnectionPool, AWSHTTPSConnection,
-                                 AWSHTTPSConnectionPool)
+                                 AWSHTTPSConnectionPool, AWSRequest)
 from botocore.config import Config
 
 from tierfs.cold import check_s3_environment
@@ -46,7 +46,8 @@ MIN_GET_RATE = 1 << 20  # bytes per second
 # A PUT's share of a slow uplink may be far below a GET's: 32 uploads of 64 MiB packs
 # at once over 100 Mbit/s get about 0.4 MB/s each, and must still finish.
 MIN_PUT_RATE = 1 << 18  # bytes per second
-GET_PIECE = 1 << 20  # read at most this at a time: below the daemon's mmap threshold
+GET_PIECE = 1 << 20  # a body is read this much at a time (into a file: the buffer's size)
+PRESIGNED_GET_S = 15 * 60  # a presigned GET's URL is signed for each GET; it expires after this
 # S3 refuses a request signed further than this off its own clock (RequestTimeTooSkewed).
 MAX_CLOCK_SKEW_S = 15 * 60
 # S3 refuses a single PutObject above 5 GiB: a file larger than this (a checkpoint of a
@@ -116,6 +117,14 @@ class _Watchdog:
             if call.deadline < self._wake_at:  # else the watchdog wakes in time anyway:
                 self._cond.notify()           # a thread wakeup per request is dear
 
+    def reading(self, conn, deadline: float) -> None:
+        """The calling thread reads the body of a request on `conn` until `deadline`."""
+        with self._cond:
+            call = self._calls[threading.get_ident()]
+            call.conn, call.deadline = conn, deadline
+            if deadline < self._wake_at:
+                self._cond.notify()
+
     def _watch(self) -> None:
         with self._cond:
             while True:
@@ -131,6 +140,15 @@ class _Watchdog:
                            default=None)
                 self._wake_at = float("inf") if wake is None else wake
                 self._cond.wait(None if wake is None else wake - now)
+
+
+class _BodySocket:
+    """What the watchdog cuts to end a body's read: the connection's socket, or where
+    the server closes the connection after its answer (http.client then hands the
+    socket over to the response), the socket the response reads from."""
+
+    def __init__(self, conn, response):
+        self.sock = conn.sock or getattr(getattr(response.fp, "raw", None), "_sock", None)
 
 
 def _cut(conn) -> bool:
@@ -270,6 +288,7 @@ class S3Store:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.get_timeout = get_timeout  # --cold-timeout: see MIN_GET_RATE
+        self.presigned_gets = True  # get() sends presigned URLs: see _get_presigned
         config = Config(
             max_pool_connections=MAX_CONNECTIONS,
             # tierfs retries itself (RetryingStore): one attempt (max_attempts counts
@@ -277,6 +296,8 @@ class S3Store:
             retries={"total_max_attempts": 1, "mode": "standard"},
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
+            # SigV4 for presigned GETs too (botocore presigns with SigV2 unless told).
+            signature_version="s3v4",
             s3={"addressing_style": "path"} if path_style else None,
             # Default CRC trailers break some S3-compatible servers; tierfs
             # checksums its data itself.
@@ -365,48 +386,61 @@ class S3Store:
                 f"network is too slow (raise --cold-timeout if it is expected)",
                 transient=True) from cause
 
-    def _read_body(self, resp, key: str, started: float, into=None, skip: int = 0):
-        """A GET's whole body (a bytearray where read in pieces), or a transient error
-        once the GET runs past its deadline (a stalled server or network must not hold a
-        thread and an S3 slot for ever). With `into`, a file: the body goes there in
-        pieces (its first `skip` bytes dropped) and the count written is returned."""
-        body, size = resp["Body"], resp.get("ContentLength")
-        # urllib3's response under botocore's body: its read1() returns what has arrived.
-        raw = getattr(body, "_raw_stream", None)
-        if size is None or not hasattr(raw, "read1"):
+    def _read_body(self, body, size: int | None, key: str, started: float, into=None,
+                   skip: int = 0):
+        """A GET's whole body (botocore's or urllib3's answer, `size` bytes), as a
+        bytearray, or a transient error once the GET runs past its deadline (a stalled
+        server or network must not hold a thread and an S3 slot for ever). With `into`,
+        a file: the body goes there in pieces (its first `skip` bytes dropped) and the
+        count written is returned."""
+        raw = getattr(body, "_raw_stream", body)  # urllib3's response (under botocore's body)
+        # http.client's response under urllib3's: its readinto() receives into our
+        # buffer with the interpreter lock released; urllib3's read() and read1()
+        # make a bytes object of each piece, copied again into the buffer under the
+        # lock (the lock the event loop waits for while a cold epoch streams in).
+        fp = getattr(raw, "_fp", None)
+        if size is None or not hasattr(fp, "readinto") or getattr(raw, "connection", None) is None:
             if into is None:
-                return body.read()  # no length to read to (S3 always sends one), or no read1
+                return body.read()  # no length to read to (S3 always sends one), or no readinto
             data = body.read()[skip:]
             into.write(data)
             return len(data)
         limit = self.get_timeout + size / MIN_GET_RATE
-        deadline = started + limit
-        # One buffer of the body's size, filled as pieces arrive: gathering the pieces
-        # and joining them touched every page twice (a page fault each, above the
-        # daemon's mmap threshold), and made a 4 MiB GET cost 40% more CPU.
-        buf, got = (bytearray(size) if into is None else None), 0
-        try:
-            while got < size:
-                if time.monotonic() > deadline:
+        # One buffer of the body's size: gathering pieces and joining them touched every
+        # page twice (a page fault each, above the daemon's mmap threshold).
+        buf = bytearray(size) if into is None else bytearray(min(size, GET_PIECE))
+        view, got = memoryview(buf), 0
+        # readinto() waits until its piece is full: a body that trickles in is cut by
+        # the watchdog at its deadline (shut down, the read ends short).
+        with _WATCHDOG.bound(limit) as call:
+            _WATCHDOG.reading(_BodySocket(raw.connection, fp), started + limit)
+            try:
+                while got < size:
+                    want = min(size - got, GET_PIECE)
+                    piece = view[got:got + want] if into is None else view[:want]
+                    n = fp.readinto(piece)
+                    if not n:
+                        break
+                    if into is not None and got + n > skip:
+                        into.write(piece[max(0, skip - got):n])
+                    got += n
+            except (OSError, http.client.HTTPException) as e:  # a read timeout, a reset
+                if not call.expired:
                     body.close()
-                    raise ColdStoreError(
-                        f"get s3://{self.bucket}/{self._key(key)} failed: {got} of its "
-                        f"{size} bytes arrived in {limit:.0f}s: the bucket or the network "
-                        f"is too slow (raise --cold-timeout if it is expected)", transient=True)
-                chunk = raw.read1(min(size - got, GET_PIECE))
-                if not chunk:
-                    raise ColdStoreError(
-                        f"get s3://{self.bucket}/{self._key(key)} failed: the connection "
-                        f"closed after {got} of {size} bytes", transient=True)
-                if buf is not None:
-                    buf[got:got + len(chunk)] = chunk
-                elif got + len(chunk) > skip:
-                    into.write(chunk[max(0, skip - got):])
-                got += len(chunk)
-        except urllib3.exceptions.HTTPError as e:  # a read timeout, a reset
-            raise ColdStoreError(f"get s3://{self.bucket}/{self._key(key)} failed: {e}",
-                                 transient=True) from e
-        return buf if buf is not None else max(0, size - skip)
+                    raise ColdStoreError(f"get s3://{self.bucket}/{self._key(key)} failed: "
+                                         f"{e}", transient=True) from e
+        if got < size:
+            body.close()  # the connection is cut or broken: never back to the pool
+            if call.expired:
+                raise ColdStoreError(
+                    f"get s3://{self.bucket}/{self._key(key)} failed: {got} of its "
+                    f"{size} bytes arrived in {limit:.0f}s: the bucket or the network "
+                    f"is too slow (raise --cold-timeout if it is expected)", transient=True)
+            raise ColdStoreError(
+                f"get s3://{self.bucket}/{self._key(key)} failed: the connection "
+                f"closed after {got} of {size} bytes", transient=True)
+        raw.release_conn()  # read to its end: the connection serves the next request
+        return buf if into is None else max(0, size - skip)
 
     def _missing_bucket(self) -> str:
         return (
@@ -497,7 +531,8 @@ class S3Store:
                 resp = self._client.get_object(**args)
             skip = offset if "Range" in args and \
                 resp["ResponseMetadata"]["HTTPStatusCode"] == 200 else 0  # Range ignored
-            return self._read_body(resp, key, started, into=f, skip=skip)
+            return self._read_body(resp["Body"], resp.get("ContentLength"), key, started,
+                                   into=f, skip=skip)
         except bce.ClientError as e:
             if e.response.get("Error", {}).get("Code") == "InvalidRange":
                 return 0  # offset at or after the end
@@ -515,12 +550,16 @@ class S3Store:
         if offset or length is not None:
             last = "" if length is None else str(offset + length - 1)
             args["Range"] = f"bytes={offset}-{last}"
+        if self.presigned_gets:
+            body = self._get_presigned(key, args, offset, length)
+            if body is not None:
+                return body
         try:
             started = time.monotonic()
             with self._bounded("get", key):
                 resp = self._client.get_object(**args)
             # Read inside the try: a dropped connection surfaces while streaming.
-            body = self._read_body(resp, key, started)
+            body = self._read_body(resp["Body"], resp.get("ContentLength"), key, started)
             if "Range" in args and resp["ResponseMetadata"]["HTTPStatusCode"] == 200:
                 # The whole object: a proxy or a server that ignores Range.
                 body = body[offset:] if length is None else body[offset:offset + length]
@@ -532,12 +571,48 @@ class S3Store:
         except bce.BotoCoreError as e:
             raise self._error(e, "get", key) from e
 
+    def _get_presigned(self, key: str, args: dict, offset: int, length: int | None):
+        """get() as a presigned URL sent on the client's own connections (its pool,
+        proxies, TLS settings and watchdog), without botocore's machinery for a request
+        and its answer: that took most of a GET's CPU in the daemon, under the lock its
+        event loop needs to answer FUSE requests (a cold epoch makes hundreds of GETs a
+        second). The URL is signed for each GET, so refreshed credentials apply. None
+        where the answer is not the data (an error, a redirect): get_object() then asks
+        again and names what is wrong. An answer that says presigned URLs are refused
+        here (a redirect, 400 or 403: a bucket policy may allow only signed headers)
+        turns them off for this store."""
+        started = time.monotonic()
+        try:
+            url = self._client.generate_presigned_url(
+                "get_object", Params={"Bucket": args["Bucket"], "Key": args["Key"]},
+                ExpiresIn=PRESIGNED_GET_S)
+            headers = {"Range": args["Range"]} if "Range" in args else {}
+            request = AWSRequest(method="GET", url=url, headers=headers,
+                                 stream_output=True).prepare()
+            with self._bounded("get", key):
+                answer = self._client._endpoint.http_session.send(request)
+        except bce.BotoCoreError as e:
+            raise self._error(e, "get", key) from e
+        status, size = answer.status_code, answer.headers.get("Content-Length", "")
+        if status not in (200, 206) or not size.isdigit():
+            answer.raw.close()  # an error's answer: not worth keeping the connection for
+            if 300 <= status < 400 or status in (400, 403):
+                self.presigned_gets = False
+                log.info("GETs from %s go through boto3: a presigned GET was answered "
+                         "HTTP %d", self.describe(), status)
+            return None
+        body = self._read_body(answer.raw, int(size), key, started)
+        if "Range" in args and status == 200:  # the whole object: Range ignored on the way
+            body = body[offset:] if length is None else body[offset:offset + length]
+        return body
+
     def get_versioned(self, key: str) -> tuple[bytes, str]:
         try:
             started = time.monotonic()
             with self._bounded("get", key):
                 resp = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
-            return self._read_body(resp, key, started), resp["ETag"]
+            return self._read_body(resp["Body"], resp.get("ContentLength"), key,
+                                   started), resp["ETag"]
         except (bce.BotoCoreError, bce.ClientError) as e:
             raise self._error(e, "get", key) from e
 
