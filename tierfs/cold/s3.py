@@ -111,19 +111,19 @@ class _Watchdog:
             for other in self._calls.values():
                 if other.conn is conn:  # back in the pool, taken by another call
                     other.conn = None
-            if call is None:
-                return
-            call.conn, call.deadline = conn, time.monotonic() + call.seconds
-            if call.deadline < self._wake_at:  # else the watchdog wakes in time anyway:
-                self._cond.notify()           # a thread wakeup per request is dear
+            if call is not None:
+                self._arm(call, conn, time.monotonic() + call.seconds)
 
     def reading(self, conn, deadline: float) -> None:
         """The calling thread reads the body of a request on `conn` until `deadline`."""
         with self._cond:
-            call = self._calls[threading.get_ident()]
-            call.conn, call.deadline = conn, deadline
-            if deadline < self._wake_at:
-                self._cond.notify()
+            self._arm(self._calls[threading.get_ident()], conn, deadline)
+
+    def _arm(self, call: _Request, conn, deadline: float) -> None:
+        """Cut `conn` at `deadline` (with the condition held)."""
+        call.conn, call.deadline = conn, deadline
+        if deadline < self._wake_at:  # else the watchdog wakes in time anyway:
+            self._cond.notify()       # a thread wakeup per request is dear
 
     def _watch(self) -> None:
         with self._cond:
@@ -270,6 +270,12 @@ def _config_error(e: Exception) -> ColdConfigError:
     return ColdConfigError(
         f"invalid AWS configuration: {e}: check the AWS_* environment variables and "
         f"~/.aws/config")
+
+
+def _asked_range(whole: bytes, offset: int, length: int | None) -> bytes:
+    """The range a GET asked for, out of the whole object that came instead (a proxy or
+    a server that ignores Range)."""
+    return whole[offset:] if length is None else whole[offset:offset + length]
 
 
 class S3Store:
@@ -561,8 +567,7 @@ class S3Store:
             # Read inside the try: a dropped connection surfaces while streaming.
             body = self._read_body(resp["Body"], resp.get("ContentLength"), key, started)
             if "Range" in args and resp["ResponseMetadata"]["HTTPStatusCode"] == 200:
-                # The whole object: a proxy or a server that ignores Range.
-                body = body[offset:] if length is None else body[offset:offset + length]
+                body = _asked_range(body, offset, length)
             return body
         except bce.ClientError as e:
             if e.response.get("Error", {}).get("Code") == "InvalidRange":
@@ -602,8 +607,8 @@ class S3Store:
                          "HTTP %d", self.describe(), status)
             return None
         body = self._read_body(answer.raw, int(size), key, started)
-        if "Range" in args and status == 200:  # the whole object: Range ignored on the way
-            body = body[offset:] if length is None else body[offset:offset + length]
+        if "Range" in args and status == 200:
+            body = _asked_range(body, offset, length)
         return body
 
     def get_versioned(self, key: str) -> tuple[bytes, str]:
