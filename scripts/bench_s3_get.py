@@ -3,9 +3,15 @@
 kernel) and page faults per GET of 64 KiB, 1 MiB and 4 MiB objects from a moto server,
 then per ranged GET of 64 KiB, 1 MiB and 8 MiB of a 64 MiB pack from a moto server
 that reads only the range (tests/moto_ranges.py), with the daemon's allocator settings
-(tierfs/malloc.py).
+(tierfs/malloc.py) and switch interval.
 
     python scripts/bench_s3_get.py [--gets 100] [--reps 3] [--boto3]
+
+Last, the wait for the interpreter lock that ranged GETs of 8 MiB (a cold epoch's wide
+GETs) cause the event loop: 4 threads make them while the main thread, as the event
+loop does, makes one short system call after another, each letting the lock go; the
+table gives, per GET, the main thread's time in calls that took over 50 µs (its
+waits to get the lock back).
 
 --boto3: every GET through boto3's get_object (as before presigned GETs). Run it with
 two versions first on PYTHONPATH, one after the other, to compare how they read a
@@ -19,6 +25,7 @@ import os
 import resource
 import statistics
 import sys
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,6 +38,7 @@ else:
 from tests.moto_server import make_bucket, moto_server, s3_env  # noqa: E402
 from tierfs.cold import open_store  # noqa: E402
 from tierfs.malloc import return_large_blocks  # noqa: E402
+from tierfs.runtime import SWITCH_INTERVAL_S  # noqa: E402
 
 KiB, MiB = 1024, 1024 * 1024
 BUCKET = "bench-s3-get"
@@ -61,6 +69,39 @@ def table(store, rows: list[tuple[str, str, int, bool]], gets: int, reps: int) -
         print(f"{label:>20}  {cpu:>8.0f}  {kernel:>9.0f}  {faults:>6.0f}  {wall:>7.2f}")
 
 
+def lock_waits(store, gets: int, size: int = 8 * MiB, threads: int = 4) -> float:
+    """ms per GET that the main thread, making short system calls meanwhile, waited
+    for the interpreter lock while `threads` threads made `gets` ranged GETs."""
+    offsets = [(i * 7919 * 64 * KiB) % (PACK - size) for i in range(gets)]
+    lock, running = threading.Lock(), [threads]
+
+    def work() -> None:
+        try:
+            while True:
+                with lock:
+                    if not offsets:
+                        return
+                    offset = offsets.pop()
+                store.get("pack", offset, size)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    workers = [threading.Thread(target=work) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    waited = 0.0
+    while running[0]:
+        t0 = time.perf_counter()
+        os.getppid()  # lets the lock go and takes it back, as the loop's calls do
+        took = time.perf_counter() - t0
+        if took > 50e-6:
+            waited += took
+    for w in workers:
+        w.join()
+    return waited / gets * 1e3
+
+
 def open_bench_store(endpoint: str, boto3_only: bool):
     store = open_store(f"s3://{BUCKET}/bench", s3_endpoint=endpoint, s3_path_style=True)
     if boto3_only:
@@ -75,6 +116,7 @@ def main() -> int:
     p.add_argument("--boto3", action="store_true", help="every GET through boto3's get_object")
     args = p.parse_args()
     return_large_blocks()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)  # the daemon's
     sizes = (64 * KiB, MiB, 4 * MiB)
     with moto_server() as endpoint:
         os.environ.update(s3_env(endpoint))
@@ -95,6 +137,9 @@ def main() -> int:
             store.get("pack", 0, MiB)
         table(store, [(f"{size // KiB} KiB of a pack", "pack", size, True)
                       for size in (64 * KiB, MiB, 8 * MiB)], args.gets, args.reps)
+        waits = [lock_waits(store, args.gets) for _ in range(args.reps)]
+        print(f"8 MiB GETs in 4 threads: the event loop's wait for the interpreter lock "
+              f"{statistics.median(waits):.2f} ms per GET (median of {args.reps})")
     return 0
 
 

@@ -814,6 +814,24 @@ def test_s3_presigned_gets_refused_turn_them_off(moto_endpoint, bucket):
         assert (seen["gets"], seen["presigned"]) == (4, 1)
 
 
+def test_s3_presigned_gets_are_tried_again_after_a_while(moto_endpoint, bucket):
+    """A refusal turns presigned GETs off for presigned_retry_s only (a 403 may be
+    credentials revoked for a while, not a policy): within it a GET is one request
+    through boto3, past it a GET is tried presigned again."""
+    from tierfs.cold.s3 import PRESIGNED_RETRY_S, S3Store
+
+    S3Store(bucket, endpoint=moto_endpoint).put(KEY, b"0123456789")
+    with keepalive_proxy(moto_endpoint, refuse_presigned=True) as (endpoint, seen):
+        s3 = S3Store(bucket, endpoint=endpoint)
+        assert s3.presigned_retry_s == PRESIGNED_RETRY_S >= 60
+        assert s3.get(KEY, 1, 3) == b"123"
+        assert s3.get(KEY, 4, 2) == b"45"
+        assert (seen["gets"], seen["presigned"]) == (3, 1)
+        s3.presigned_retry_s = 0  # the while is over
+        assert s3.get(KEY, 7, 3) == b"789"
+        assert (seen["gets"], seen["presigned"]) == (5, 2)  # tried, refused again
+
+
 def test_s3_get_of_a_throttling_bucket_is_retried(moto_endpoint, bucket):
     """A presigned GET answered 503 SlowDown is asked again through boto3; answered
     so again, the error is transient and named, and the retry gets the data."""

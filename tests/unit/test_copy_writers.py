@@ -195,3 +195,30 @@ def test_helpers_die_with_the_daemon(tmp_path):
         if keeper is not None:
             os.kill(keeper, 9)
 
+
+
+def test_the_pieces_of_one_span_are_copied_to_the_helper_at_once(store, monkeypatch):
+    """The pieces of a fetched span (views of one buffer, in any order, with gaps
+    between them) go to the helper in one copy of the stretch that holds them all,
+    each file written with its own bytes; pieces of different buffers piece by piece."""
+    span = bytearray(os.urandom(3 << 20))
+    view = memoryview(span)
+    cuts = [(200_000, 65_536), (0, 65_536), (70_000, 100_000), (1 << 20, 2 << 20)]
+    items = [(ino, 0, view[start:start + length]) for ino, (start, length) in
+             enumerate(cuts, start=1)]
+    copies = []
+    monkeypatch.setattr(copy_writers.ctypes, "memmove",
+                        lambda dst, src, n, inner=copy_writers.ctypes.memmove:
+                        copies.append(n) or inner(dst, src, n))
+    assert written_by_helper(store, items)
+    assert copies == [3 << 20], "not one copy of the stretch holding every piece"
+    for ino, idx, data in items:
+        assert read(store, ino, idx) == bytes(data)
+
+    copies.clear()
+    other = [(10, 0, memoryview(bytearray(b"a" * 5000))), (11, 0, view[5:9000]),
+             (12, 0, b"read-only bytes")]
+    assert written_by_helper(store, other)
+    assert copies == [], "views of different buffers were copied as one stretch"
+    for ino, idx, data in other:
+        assert read(store, ino, idx) == bytes(data)

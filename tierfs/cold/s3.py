@@ -6,6 +6,7 @@ and works without them when no S3 store is used.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import email.utils
 import http.client
 import logging
@@ -40,6 +41,13 @@ _TRANSIENT = {
     "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
     "RequestTimeoutException", "InternalError", "ServiceUnavailable", "503", "500",
 }
+# bytearray(n) zeroes its n bytes holding the interpreter lock: for a fetched span of
+# 8 MiB, about 5 ms of fresh pages faulted in while the event loop waits for the lock.
+# A body's buffer is made unfilled instead (it is returned only once every byte of it
+# is received), so its pages fault in recv_into(), with the lock released.
+_unfilled_bytearray = ctypes.pythonapi.PyByteArray_FromStringAndSize
+_unfilled_bytearray.restype = ctypes.py_object
+_unfilled_bytearray.argtypes = (ctypes.c_char_p, ctypes.c_ssize_t)
 # A GET's body must arrive within its timeout plus this rate's time for its size: the
 # socket's read timeout bounds each wait for bytes, never a body that trickles in.
 MIN_GET_RATE = 1 << 20  # bytes per second
@@ -48,6 +56,10 @@ MIN_GET_RATE = 1 << 20  # bytes per second
 MIN_PUT_RATE = 1 << 18  # bytes per second
 GET_PIECE = 1 << 20  # a body is read this much at a time (into a file: the buffer's size)
 PRESIGNED_GET_S = 15 * 60  # a presigned GET's URL is signed for each GET; it expires after this
+# After a presigned GET is refused, GETs go through boto3 for this long, then one is
+# tried presigned again: a 403 may also mean credentials revoked for a while, not a
+# bucket policy that refuses presigned URLs for good.
+PRESIGNED_RETRY_S = 10 * 60
 # S3 refuses a request signed further than this off its own clock (RequestTimeTooSkewed).
 MAX_CLOCK_SKEW_S = 15 * 60
 # S3 refuses a single PutObject above 5 GiB: a file larger than this (a checkpoint of a
@@ -295,6 +307,8 @@ class S3Store:
         self.prefix = prefix.strip("/")
         self.get_timeout = get_timeout  # --cold-timeout: see MIN_GET_RATE
         self.presigned_gets = True  # get() sends presigned URLs: see _get_presigned
+        self.presigned_retry_s = PRESIGNED_RETRY_S
+        self._presigned_refused_at: float | None = None  # monotonic time of the last refusal
         config = Config(
             max_pool_connections=MAX_CONNECTIONS,
             # tierfs retries itself (RetryingStore): one attempt (max_attempts counts
@@ -414,7 +428,8 @@ class S3Store:
         limit = self.get_timeout + size / MIN_GET_RATE
         # One buffer of the body's size: gathering pieces and joining them touched every
         # page twice (a page fault each, above the daemon's mmap threshold).
-        buf = bytearray(size) if into is None else bytearray(min(size, GET_PIECE))
+        buf = _unfilled_bytearray(None, size) if into is None \
+            else bytearray(min(size, GET_PIECE))
         view, got = memoryview(buf), 0
         # readinto() waits until its piece is full: a body that trickles in is cut by
         # the watchdog at its deadline (shut down, the read ends short).
@@ -556,7 +571,7 @@ class S3Store:
         if offset or length is not None:
             last = "" if length is None else str(offset + length - 1)
             args["Range"] = f"bytes={offset}-{last}"
-        if self.presigned_gets:
+        if self._presigning():
             body = self._get_presigned(key, args, offset, length)
             if body is not None:
                 return body
@@ -576,6 +591,13 @@ class S3Store:
         except bce.BotoCoreError as e:
             raise self._error(e, "get", key) from e
 
+    def _presigning(self) -> bool:
+        """Whether get() sends a presigned URL now: unless turned off, or refused less
+        than presigned_retry_s ago."""
+        refused = self._presigned_refused_at
+        return self.presigned_gets and (
+            refused is None or time.monotonic() - refused >= self.presigned_retry_s)
+
     def _get_presigned(self, key: str, args: dict, offset: int, length: int | None):
         """get() as a presigned URL sent on the client's own connections (its pool,
         proxies, TLS settings and watchdog), without botocore's machinery for a request
@@ -585,7 +607,7 @@ class S3Store:
         where the answer is not the data (an error, a redirect): get_object() then asks
         again and names what is wrong. An answer that says presigned URLs are refused
         here (a redirect, 400 or 403: a bucket policy may allow only signed headers)
-        turns them off for this store."""
+        turns them off for this store for presigned_retry_s."""
         started = time.monotonic()
         try:
             url = self._client.generate_presigned_url(
@@ -602,9 +624,9 @@ class S3Store:
         if status not in (200, 206) or not size.isdigit():
             answer.raw.close()  # an error's answer: not worth keeping the connection for
             if 300 <= status < 400 or status in (400, 403):
-                self.presigned_gets = False
-                log.info("GETs from %s go through boto3: a presigned GET was answered "
-                         "HTTP %d", self.describe(), status)
+                self._presigned_refused_at = time.monotonic()
+                log.info("GETs from %s go through boto3 for %.0f s: a presigned GET was "
+                         "answered HTTP %d", self.describe(), self.presigned_retry_s, status)
             return None
         body = self._read_body(answer.raw, int(size), key, started)
         if "Range" in args and status == 200:
