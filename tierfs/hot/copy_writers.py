@@ -47,8 +47,8 @@ def _one_region(items: list) -> tuple[int, int, list[int]] | None:
     the bytes of every item, where they are all views of one writable buffer (the
     pieces of one fetched span) and the stretch fits the shared buffer; else None.
     Copied at once with ctypes.memmove, which lets the interpreter lock go: copied
-    piece by piece, the 8 MiB of a span took a worker thread a millisecond or more
-    under the lock, which the event loop waits for."""
+    piece by piece, a span's megabytes went over under the lock, which the event loop
+    waits for."""
     owner, addresses = None, []
     for _path, data in items:
         if (not isinstance(data, memoryview) or data.readonly or not data.c_contiguous
