@@ -45,13 +45,18 @@ BUCKET = "bench-s3-get"
 PACK = 64 * MiB
 
 
+def pack_offset(i: int, size: int) -> int:
+    """Where the i-th ranged GET of `size` bytes starts: spread over the pack."""
+    return (i * 7919 * 64 * KiB) % (PACK - size)
+
+
 def measure(store, key: str, size: int, gets: int, ranged: bool = False
             ) -> tuple[float, float, float, float]:
     """(CPU µs, of it kernel µs, page faults, wall ms) per GET (`ranged`: of `size`
     bytes of a PACK-byte object, each at another offset)."""
     r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     for i in range(gets):
-        offset = (i * 7919 * 64 * KiB) % (PACK - size) if ranged else 0
+        offset = pack_offset(i, size) if ranged else 0
         got = store.get(key, offset, size) if ranged else store.get(key)
         if len(got) != size:
             raise SystemExit(f"GET of {key} returned the wrong size")
@@ -72,7 +77,7 @@ def table(store, rows: list[tuple[str, str, int, bool]], gets: int, reps: int) -
 def lock_waits(store, gets: int, size: int = 8 * MiB, threads: int = 4) -> float:
     """ms per GET that the main thread, making short system calls meanwhile, waited
     for the interpreter lock while `threads` threads made `gets` ranged GETs."""
-    offsets = [(i * 7919 * 64 * KiB) % (PACK - size) for i in range(gets)]
+    offsets = [pack_offset(i, size) for i in range(gets)]
     lock, running = threading.Lock(), [threads]
 
     def work() -> None:
