@@ -13,10 +13,12 @@ keeps its objects in memory, so each run creates the data set again. Each epoch 
 daemon has emptied them, drops the page cache, hints the epoch's order (unless
 --no-hint) and runs scripts/bench.py's loader (8 processes, batches of 32, 35 ms of
 compute per batch) with `latency` seconds added to every GET. It prints the busy %,
-the first batch's wait and the stall in each of the first tenths of the epoch, and how
+the first batch's wait and the stall in each of the first tenths of the epoch, the CPU
+seconds the daemon and its event loop (main thread) spent in the epoch, and how
 the runs of files fetched along were installed (the daemon's
-tierfs_fetched_install_seconds: the wait for one of its install threads, and the writing of
-the run's hot copies; a run's files hold their memory until it is installed).
+tierfs_fetched_install_seconds: the wait for one of its install threads, the writing of
+the run's hot copies, and the event loop's time for their records and renames; a run's
+files hold their memory until it is installed).
 `--remove` unmounts and deletes the work dir.
 """
 from __future__ import annotations
@@ -65,9 +67,13 @@ def install_line(before: dict, after: dict) -> str:
     runs = delta("write_count")
     if not runs:
         return f"GETs {delta('gets_count'):.0f}; installs of fetched runs: none"
-    return (f"GETs {delta('gets_count'):.0f}; installs of fetched runs: {runs:.0f}, each waited {1000 * delta('wait_sum') / runs:.0f} "
-            f"ms for an install thread and wrote for {1000 * delta('write_sum') / runs:.0f} ms "
-            f"(means)")
+    line = (f"GETs {delta('gets_count'):.0f}; installs of fetched runs: {runs:.0f}, each "
+            f"waited {1000 * delta('wait_sum') / runs:.0f} ms for an install thread and "
+            f"wrote for {1000 * delta('write_sum') / runs:.0f} ms")
+    if delta("install_count"):  # older daemons do not report this phase
+        line += (f", then held the event loop {1000 * delta('install_sum') / runs:.1f} ms "
+                 f"to be put in place")
+    return line + " (means)"
 
 
 def main() -> int:
@@ -130,12 +136,16 @@ def run(args, base: str, url: str) -> int:
                 with B.bucket_latency(target, args.latency):
                     B.start_cold_epoch(target, paths, order, hinted=not args.no_hint)
                     installs = install_times(port)
-                    e = loader.epoch(order, args.compute_ms / 1000)
+                    with B.CpuWatch(mount.pid) as cpu:
+                        e = loader.epoch(order, args.compute_ms / 1000)
                     installs = install_line(installs, install_times(port))
                 busy.append(e["busy_pct"])
+                wall = e["wall_s"]
                 print(f"epoch {rep + 1}: busy {e['busy_pct']:.1f}%, first batch "
                       f"{e['first_batch_s']:.2f} s, stall {e['stall_s']:.2f} s, by tenth "
                       f"{' '.join(f'{x:.2f}' for x in e['stall_by_tenth_s'][:4])} ...; "
+                      f"daemon CPU {cpu.result['daemon_cores'] * wall:.1f} s, its event "
+                      f"loop {cpu.result['loop_busy_pct'] * wall / 100:.1f} s; "
                       f"{installs}", flush=True)
         finally:
             loader.close()

@@ -104,7 +104,8 @@ class DaemonCollector:
                      "upload_seconds": ("tierfs_upload_seconds", "Upload latency", None),
                      "fetched_install_seconds": (
                          "tierfs_fetched_install_seconds",
-                         "Runs of extents fetched along: waiting for an install thread, writing",
+                         "Runs of extents fetched along: waiting for an install thread, writing, "
+                         "installing on the event loop",
                          "phase")}
         fams = {}
         for (name, label), h in list(stats.histograms.items()):

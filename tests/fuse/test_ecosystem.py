@@ -65,7 +65,7 @@ def test_metrics_are_scraped(mount_factory):
     assert metrics['tierfs_fuse_op_seconds_bucket{le="+Inf",op="write"}'] >= 1
     assert metrics["tierfs_cold_fetch_seconds_count"] >= 3
     # The seven neighbours of s3 were installed as one run.
-    for phase in ("wait", "write"):
+    for phase in ("wait", "write", "install"):
         assert metrics[f'tierfs_fetched_install_seconds_count{{phase="{phase}"}}'] == 1
         assert metrics[f'tierfs_fetched_install_seconds_sum{{phase="{phase}"}}'] > 0
     assert 0 <= metrics["tierfs_hit_ratio"] <= 1

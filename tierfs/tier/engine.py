@@ -728,8 +728,9 @@ class Engine:
         thread hop, their records set in one transaction (a neighbour each would cost
         more than its GET saved). Runs after the reader that fetched them has its bytes;
         a failure only leaves them cold. The time a run waits for an install thread and
-        the time its copies take to write go to fetched_install_seconds (where a cold
-        epoch's prefetch waits: its neighbours hold their memory until installed)."""
+        the time its copies take to write, and the event loop's time for its records and
+        renames go to fetched_install_seconds (where a cold epoch's prefetch waits: its
+        neighbours hold their memory until installed)."""
         queued = time.monotonic()
         started = queued
 
@@ -748,8 +749,11 @@ class Engine:
             except BaseException:  # cancelled (the daemon stops): no temp files left behind
                 self.hot.discard_temps(temps)
                 raise
+            installing = time.monotonic()
             self._install_many([(key, nx, tmp, len(piece))
                                 for (key, nx, _p, piece), tmp in zip(more, temps)])
+            self.stats.observe("fetched_install_seconds", "install",
+                               time.monotonic() - installing)
             self.stats.inc("read_around_extents", len(more))
         except OSError as e:  # a full or failing hot tier: they stay in the bucket
             log.warning("installing %d fetched neighbours failed: %s", len(more), e)
