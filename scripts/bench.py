@@ -788,8 +788,10 @@ class CpuWatch:
         self.result = {"cpu_s": (total - idle) / hz,
                        "machine_busy_pct": 100 * (total - idle) / total if total else 0.0}
         if self.pid and wall > 0:
-            self.result["daemon_cores"] = (d1[0] - self.d0[0]) / hz / wall
-            self.result["loop_busy_pct"] = 100 * (d1[1] - self.d0[1]) / hz / wall
+            self.result["daemon_s"] = (d1[0] - self.d0[0]) / hz
+            self.result["loop_s"] = (d1[1] - self.d0[1]) / hz
+            self.result["daemon_cores"] = self.result["daemon_s"] / wall
+            self.result["loop_busy_pct"] = 100 * self.result["loop_s"] / wall
         if self.server_pid and wall > 0:
             self.result["server_cores"] = (self._server() - self.s0) / hz / wall
 

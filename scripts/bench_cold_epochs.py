@@ -140,12 +140,11 @@ def run(args, base: str, url: str) -> int:
                         e = loader.epoch(order, args.compute_ms / 1000)
                     installs = install_line(installs, install_times(port))
                 busy.append(e["busy_pct"])
-                wall = e["wall_s"]
                 print(f"epoch {rep + 1}: busy {e['busy_pct']:.1f}%, first batch "
                       f"{e['first_batch_s']:.2f} s, stall {e['stall_s']:.2f} s, by tenth "
                       f"{' '.join(f'{x:.2f}' for x in e['stall_by_tenth_s'][:4])} ...; "
-                      f"daemon CPU {cpu.result['daemon_cores'] * wall:.1f} s, its event "
-                      f"loop {cpu.result['loop_busy_pct'] * wall / 100:.1f} s; "
+                      f"daemon CPU {cpu.result['daemon_s']:.1f} s, its event loop "
+                      f"{cpu.result['loop_s']:.1f} s; "
                       f"{installs}", flush=True)
         finally:
             loader.close()

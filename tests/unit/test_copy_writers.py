@@ -196,7 +196,6 @@ def test_helpers_die_with_the_daemon(tmp_path):
             os.kill(keeper, 9)
 
 
-
 def test_the_pieces_of_one_span_are_copied_to_the_helper_at_once(store, monkeypatch):
     """The pieces of a fetched span (views of one buffer, in any order, with gaps
     between them) go to the helper in one copy of the stretch that holds them all,
